@@ -1,0 +1,25 @@
+"""convengine: a convolution engine for Python (N-d conv, its gradients, int8).
+
+The public API is re-exported here; see the README for the tables.
+"""
+
+from . import algorithms as _algorithms  # noqa: F401  (registers every algorithm)
+from ._version import __version__
+from .api import conv, conv_backward_data, conv_backward_weight, conv_transpose, explain
+from .errors import ConvSetupError
+from .problem import ConvProblem
+from .registry import algorithms
+from .select import Explanation
+
+__all__ = [
+    "ConvProblem",
+    "ConvSetupError",
+    "Explanation",
+    "__version__",
+    "algorithms",
+    "conv",
+    "conv_backward_data",
+    "conv_backward_weight",
+    "conv_transpose",
+    "explain",
+]

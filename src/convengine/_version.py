@@ -1,0 +1,3 @@
+"""The single source of convengine's version."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,287 @@
+"""The functional API: conv, its two gradients, the transposed conv, and explain.
+
+Each call normalises its arguments into a :class:`ConvProblem`, resolves an
+algorithm, converts the operands once into the kernels' canonical channels-last,
+compute-dtype form (a no-op for contiguous channels-last float32/float64 input),
+runs, and converts the result back to the caller's layout and dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import select
+from .errors import ConvSetupError
+from .problem import (
+    ConvProblem,
+    as_array,
+    check_float_dtypes,
+    check_shape,
+    make_problem,
+    normalize_padding,
+    to_int,
+    spatial_tuple,
+    transpose_output_size,
+)
+from .registry import Algorithm
+
+# ---------------------------------------------------------------- layout moves
+
+
+def to_channels_last(a: np.ndarray, problem: ConvProblem) -> np.ndarray:
+    """An activation or weight in the problem's layout -> C-contiguous channels-last
+    in the compute dtype. Copies at most once; none for contiguous NHWC input."""
+    if problem.layout == "NCHW":
+        a = np.moveaxis(a, 1, -1)
+    return np.ascontiguousarray(a, dtype=problem.compute_dtype)
+
+
+def from_channels_last(a: np.ndarray, problem: ConvProblem, dtype: np.dtype) -> np.ndarray:
+    """Inverse of :func:`to_channels_last`, returning the caller's dtype."""
+    if problem.layout == "NCHW":
+        a = np.moveaxis(a, -1, 1)
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _check_bias(bias: Any, channels: int, dtype: np.dtype) -> np.ndarray | None:
+    if bias is None:
+        return None
+    b = as_array(bias, "bias")
+    if not (np.issubdtype(b.dtype, np.floating) or b.dtype.name == "bfloat16"):
+        raise ConvSetupError(f"bias must be a float array, got dtype {b.dtype}")
+    check_shape(b.shape, (channels,), "bias", "one value per output channel")
+    return b.astype(dtype)
+
+
+def _execute(
+    problem: ConvProblem,
+    algorithm: Algorithm,
+    a: np.ndarray,
+    b: np.ndarray,
+    out_dtype: np.dtype,
+    bias: np.ndarray | None = None,
+) -> np.ndarray:
+    """Run one pass; ``a``/``b`` in the problem's layout. Empty problems short-cut."""
+    shape = problem.result_shape()
+    if problem.batch == 0:
+        return np.zeros(shape, dtype=out_dtype)
+    out = algorithm.run(problem, to_channels_last(a, problem), to_channels_last(b, problem))
+    if bias is not None:
+        out += bias
+    return from_channels_last(out, problem, out_dtype)
+
+
+# ---------------------------------------------------------------- problem builders
+
+
+def forward_problem(
+    x: np.ndarray, w: np.ndarray, bias: Any = None, **conv_args: Any
+) -> ConvProblem:
+    dtype = check_float_dtypes(x=x, w=w)
+    return make_problem("forward", x.shape, w.shape, dtype=dtype, has_bias=bias is not None, **conv_args)
+
+
+def backward_data_problem(
+    dy: np.ndarray, w: np.ndarray, input_shape: Sequence[int], **conv_args: Any
+) -> ConvProblem:
+    dtype = check_float_dtypes(dy=dy, w=w)
+    problem = make_problem(
+        "backward_data", _shape(input_shape, "input_shape"), w.shape, dtype=dtype,
+        x_name="input_shape", **conv_args,
+    )
+    check_shape(dy.shape, problem.y_shape(), "dy", f"the conv output of input_shape {problem.x_shape()}")
+    return problem
+
+
+def backward_weight_problem(
+    x: np.ndarray, dy: np.ndarray, weight_shape: Sequence[int], **conv_args: Any
+) -> ConvProblem:
+    dtype = check_float_dtypes(x=x, dy=dy)
+    problem = make_problem(
+        "backward_weight", x.shape, _shape(weight_shape, "weight_shape"), dtype=dtype,
+        w_name="weight_shape", **conv_args,
+    )
+    check_shape(dy.shape, problem.y_shape(), "dy", f"the conv output of x {x.shape} and weight_shape {problem.w_shape()}")
+    return problem
+
+
+def transpose_problem(
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: Any = None,
+    *,
+    stride: Any = 1,
+    padding: Any = 0,
+    output_padding: Any = 0,
+    dilation: Any = 1,
+    groups: Any = 1,
+    layout: Any = "NCHW",
+) -> ConvProblem:
+    """A transposed conv is the backward-data pass of the forward conv whose input it
+    produces: w ``(C_in, C_out // g, *K)`` is that forward conv's weight."""
+    dtype = check_float_dtypes(x=x, w=w)
+    if x.ndim not in (3, 4, 5) or w.ndim != x.ndim:
+        # make_problem phrases rank errors; feed it the shapes as they are
+        make_problem("forward", x.shape, w.shape, dtype=dtype, layout=layout)
+    ndim = x.ndim - 2
+    nchw = str(layout).upper() == "NCHW"
+    in_size = tuple(x.shape[2:]) if nchw else tuple(x.shape[1:-1])
+    kernel = tuple(w.shape[2:]) if nchw else tuple(w.shape[1:-1])
+    stride_t = spatial_tuple(stride, ndim, "stride", 1)
+    dilation_t = spatial_tuple(dilation, ndim, "dilation", 1)
+    out_pad = spatial_tuple(output_padding, ndim, "output_padding", 0)
+    for op, s, d in zip(out_pad, stride_t, dilation_t):
+        if op >= s and op >= d:
+            raise ConvSetupError(
+                f"output_padding must be smaller than stride or dilation, got "
+                f"output_padding={out_pad}, stride={stride_t}, dilation={dilation_t}"
+            )
+    if isinstance(padding, str) and padding.lower() in ("same", "same_lower"):
+        # the transposed output is in * stride; pad away what overhangs
+        total = [
+            max((n - 1) * s + d * (k - 1) + 1 + op - n * s, 0)
+            for n, k, s, d, op in zip(in_size, kernel, stride_t, dilation_t, out_pad)
+        ]
+        lower = padding.lower() == "same_lower"
+        pads: Any = tuple(
+            (t - t // 2, t // 2) if lower else (t // 2, t - t // 2) for t in total
+        )
+    else:
+        pads = normalize_padding(padding, in_size, kernel, stride_t, dilation_t)
+    out_size = transpose_output_size(in_size, kernel, stride_t, pads, dilation_t, out_pad)
+    groups = to_int(groups, "groups")
+    if groups < 1:
+        raise ConvSetupError(f"groups must be >= 1, got {groups}")
+    channels = w.shape[1 if nchw else -1] * groups
+    fwd_x = (x.shape[0], channels, *out_size) if nchw else (x.shape[0], *out_size, channels)
+    problem = make_problem(
+        "backward_data", fwd_x, w.shape, dtype=dtype, stride=stride_t, padding=pads,
+        dilation=dilation_t, groups=groups, layout=layout, has_bias=bias is not None,
+        x_name="output", w_name="w",
+    )
+    check_shape(x.shape, problem.y_shape(), "x", "input of the transposed convolution")
+    return problem
+
+
+def _shape(value: Any, name: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in value)
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of ints, got {value!r}") from None
+
+
+# ---------------------------------------------------------------- public calls
+
+
+def conv(
+    x: Any,
+    w: Any,
+    bias: Any = None,
+    *,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    layout: str = "NCHW",
+    algo: str = "auto",
+) -> np.ndarray:
+    """N-d convolution (cross-correlation, as in PyTorch and ONNX).
+
+    x ``(N, C, *S)`` and w ``(O, C // groups, *K)`` in NCHW, or x ``(N, *S, C)`` and
+    w ``(O, *K, C // groups)`` in NHWC; bias ``(O,)``. Returns y in the same layout.
+    """
+    x, w = as_array(x, "x"), as_array(w, "w")
+    problem = forward_problem(x, w, bias, stride=stride, padding=padding,
+                              dilation=dilation, groups=groups, layout=layout)
+    b = _check_bias(bias, problem.out_channels, problem.compute_dtype)
+    return _execute(problem, select.resolve(problem, algo), x, w, x.dtype, b)
+
+
+def conv_backward_data(
+    dy: Any,
+    w: Any,
+    input_shape: Sequence[int],
+    *,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    layout: str = "NCHW",
+    algo: str = "auto",
+) -> np.ndarray:
+    """Gradient of :func:`conv` w.r.t. x: dy ``(N, O, *S_out)`` -> dx of ``input_shape``."""
+    dy, w = as_array(dy, "dy"), as_array(w, "w")
+    problem = backward_data_problem(dy, w, input_shape, stride=stride, padding=padding,
+                                    dilation=dilation, groups=groups, layout=layout)
+    return _execute(problem, select.resolve(problem, algo), dy, w, dy.dtype)
+
+
+def conv_backward_weight(
+    x: Any,
+    dy: Any,
+    weight_shape: Sequence[int],
+    *,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    layout: str = "NCHW",
+    algo: str = "auto",
+) -> np.ndarray:
+    """Gradient of :func:`conv` w.r.t. w: (x, dy) -> dw of ``weight_shape``."""
+    x, dy = as_array(x, "x"), as_array(dy, "dy")
+    problem = backward_weight_problem(x, dy, weight_shape, stride=stride, padding=padding,
+                                      dilation=dilation, groups=groups, layout=layout)
+    return _execute(problem, select.resolve(problem, algo), x, dy, x.dtype)
+
+
+def conv_transpose(
+    x: Any,
+    w: Any,
+    bias: Any = None,
+    *,
+    stride: Any = 1,
+    padding: Any = 0,
+    output_padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    layout: str = "NCHW",
+    algo: str = "auto",
+) -> np.ndarray:
+    """Transposed convolution; w ``(C_in, C_out // groups, *K)`` as in PyTorch/ONNX.
+
+    Output size per dim: ``(S - 1) * stride - lo - hi + dilation * (K - 1) + 1 + output_padding``.
+    """
+    x, w = as_array(x, "x"), as_array(w, "w")
+    problem = transpose_problem(x, w, bias, stride=stride, padding=padding,
+                                output_padding=output_padding, dilation=dilation,
+                                groups=groups, layout=layout)
+    b = _check_bias(bias, problem.in_channels, problem.compute_dtype)
+    return _execute(problem, select.resolve(problem, algo), x, w, x.dtype, b)
+
+
+_BUILDERS = {
+    "forward": forward_problem,
+    "backward_data": backward_data_problem,
+    "backward_weight": backward_weight_problem,
+    "transpose": transpose_problem,
+}
+
+
+def explain(*args: Any, pass_: str = "forward", **kwargs: Any) -> select.Explanation:
+    """Which algorithms can serve a call, why the others cannot, and what auto runs.
+
+    Takes the arguments of the call named by ``pass_`` ("forward", "backward_data",
+    "backward_weight" or "transpose"), or a single :class:`ConvProblem`.
+    Returns an :class:`Explanation`; ``print`` it for a table.
+    """
+    if len(args) == 1 and isinstance(args[0], ConvProblem) and not kwargs:
+        return select.explain_problem(args[0])
+    if pass_ not in _BUILDERS:
+        raise ConvSetupError(f"unknown pass_ {pass_!r}; expected one of {tuple(_BUILDERS)}")
+    kwargs.pop("algo", None)
+    arrays = [as_array(a, f"argument {i}") if hasattr(a, "shape") else a for i, a in enumerate(args)]
+    return select.explain_problem(_BUILDERS[pass_](*arrays, **kwargs))

@@ -1,0 +1,104 @@
+"""The algorithm registry: every algorithm registers one entry per pass it serves.
+
+Kernels see canonical arrays only, whatever the user's layout:
+
+- forward:          ``run(problem, x, w) -> y``
+- backward_data:    ``run(problem, dy, w) -> dx``
+- backward_weight:  ``run(problem, x, dy) -> dw``
+
+with x ``(N, *S, C)``, w ``(O, *K, C // g)``, y/dy ``(N, *S_out, O)`` (channels-last),
+C-contiguous, in ``problem.compute_dtype``. ``run`` returns the result in the same
+channels-last form and dtype. Bias is not the kernel's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ConvSetupError
+from .problem import PASSES, ConvProblem
+
+Supports = Callable[[ConvProblem], "str | None"]
+Run = Callable[[ConvProblem, np.ndarray, np.ndarray], np.ndarray]
+
+
+def no_workspace(problem: ConvProblem) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm for one pass.
+
+    ``supports(problem)`` returns None when it can serve the problem, else the
+    reason it cannot. ``workspace_bytes(problem)`` bounds its scratch memory beyond
+    the inputs and the output. ``exact`` is False for reduced-precision algorithms
+    (Winograd, low-precision accumulation); ``accuracy`` orders algorithms for
+    tie-breaks (higher is more accurate).
+    """
+
+    name: str
+    pass_: str
+    run: Run
+    supports: Supports
+    workspace_bytes: Callable[[ConvProblem], int] = no_workspace
+    exact: bool = True
+    deterministic: bool = True
+    accuracy: int = 1
+
+
+_REGISTRY: dict[str, dict[str, Algorithm]] = {p: {} for p in PASSES}
+
+
+def register(
+    name: str,
+    pass_: str,
+    *,
+    supports: Supports,
+    workspace_bytes: Callable[[ConvProblem], int] = no_workspace,
+    exact: bool = True,
+    deterministic: bool = True,
+    accuracy: int = 1,
+) -> Callable[[Run], Run]:
+    """Decorator registering ``run`` as algorithm ``name`` for ``pass_``."""
+    if pass_ not in PASSES:
+        raise ValueError(f"unknown pass {pass_!r}; expected one of {PASSES}")
+
+    def decorate(run: Run) -> Run:
+        _REGISTRY[pass_][name] = Algorithm(
+            name, pass_, run, supports, workspace_bytes, exact, deterministic, accuracy
+        )
+        return run
+
+    return decorate
+
+
+def _check_pass(pass_: str) -> None:
+    if pass_ not in PASSES:
+        raise ConvSetupError(f"unknown pass {pass_!r}; expected one of {PASSES}")
+
+
+def algorithms(pass_: str = "forward") -> list[str]:
+    """Names of the algorithms registered for a pass, in registration order."""
+    _check_pass(pass_)
+    return list(_REGISTRY[pass_])
+
+
+def get(name: str, pass_: str) -> Algorithm:
+    """The algorithm ``name`` for ``pass_``; ConvSetupError naming the known ones."""
+    _check_pass(pass_)
+    try:
+        return _REGISTRY[pass_][name]
+    except KeyError:
+        raise ConvSetupError(
+            f"unknown algo {name!r} for pass {pass_!r}; expected 'auto' or one of "
+            f"{algorithms(pass_)}"
+        ) from None
+
+
+def all_for(pass_: str) -> list[Algorithm]:
+    _check_pass(pass_)
+    return list(_REGISTRY[pass_].values())

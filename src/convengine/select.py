@@ -1,0 +1,91 @@
+"""Choosing an algorithm: forced by name, or ``auto`` by a cheap heuristic.
+
+Every registered algorithm answers ``supports(problem) -> None | reason``; the
+heuristic walks a per-pass preference list and stops at the first that accepts, so
+``auto`` always ends at ``reference``, which serves everything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import registry
+from .errors import ConvSetupError
+from .problem import ConvProblem
+from .registry import Algorithm
+
+# Preference of the heuristic, best first; names not registered are skipped and
+# registered names missing here come just before "reference".
+PREFERENCE = ("1x1", "implicit_gemm", "im2col", "direct", "reference")
+DEPTHWISE_PREFERENCE = ("direct", "im2col", "reference")
+
+
+def candidates(problem: ConvProblem) -> list[tuple[Algorithm, str | None]]:
+    """Every algorithm of the problem's pass with None (can serve) or the reason not."""
+    return [(algo, algo.supports(problem)) for algo in registry.all_for(problem.pass_)]
+
+
+def _preference(problem: ConvProblem) -> list[str]:
+    names = registry.algorithms(problem.pass_)
+    order = DEPTHWISE_PREFERENCE if problem.groups > 1 else PREFERENCE
+    ranked = [n for n in order if n in names and n != "reference"]
+    ranked += [n for n in names if n not in ranked and n != "reference"]
+    return [*ranked, "reference"]
+
+
+def heuristic(problem: ConvProblem) -> Algorithm:
+    """The first algorithm in preference order that can serve the problem."""
+    for name in _preference(problem):
+        algo = registry.get(name, problem.pass_)
+        if algo.supports(problem) is None:
+            return algo
+    raise AssertionError("unreachable: the reference algorithm serves every problem")
+
+
+def resolve(problem: ConvProblem, algo: str = "auto") -> Algorithm:
+    """The algorithm to run: ``auto`` or a forced name (ConvSetupError if it cannot)."""
+    if not isinstance(algo, str):
+        raise TypeError(f"algo must be a string ('auto' or an algorithm name), got {algo!r}")
+    if algo == "auto":
+        return heuristic(problem)
+    chosen = registry.get(algo, problem.pass_)
+    reason = chosen.supports(problem)
+    if reason is not None:
+        raise ConvSetupError(
+            f"algo {algo!r} cannot serve this {problem.pass_} problem: {reason} "
+            f"(problem: {problem.describe()}); use algo='auto' to fall back"
+        )
+    return chosen
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What ``explain`` returns: each candidate with its verdict, and the choice."""
+
+    problem: ConvProblem
+    chosen: str
+    supported: tuple[str, ...]
+    refused: dict[str, str]
+    workspace_bytes: dict[str, int]
+
+    def __str__(self) -> str:
+        lines = [self.problem.describe(), f"{'algorithm':<16}{'workspace':>12}  verdict"]
+        for name in (*self.supported, *self.refused):
+            if name in self.refused:
+                verdict, space = f"cannot: {self.refused[name]}", "-"
+            else:
+                verdict = "CHOSEN by auto" if name == self.chosen else "can serve"
+                space = f"{self.workspace_bytes[name]:,}"
+            lines.append(f"{name:<16}{space:>12}  {verdict}")
+        return "\n".join(lines)
+
+
+def explain_problem(problem: ConvProblem) -> Explanation:
+    supported, refused, space = [], {}, {}
+    for algo, reason in candidates(problem):
+        if reason is None:
+            supported.append(algo.name)
+            space[algo.name] = algo.workspace_bytes(problem)
+        else:
+            refused[algo.name] = reason
+    return Explanation(problem, resolve(problem).name, tuple(supported), refused, space)
