@@ -1,0 +1,103 @@
+"""The ``direct`` algorithm against the float64 reference, all passes, odd shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import convengine as ce
+
+# max |got - ref| / (1 + max |ref|) allowed per input dtype
+TOLERANCE = {"float64": 1e-12, "float32": 2e-5, "float16": 2e-2}
+
+# (id, x shape NCHW, w shape, conv args)
+CASES = [
+    ("dense-3x3-pad1", (2, 5, 9, 11), (6, 5, 3, 3), dict(padding=1)),
+    ("groups3-stride-dil-asym", (2, 6, 9, 11), (6, 2, 3, 2),
+     dict(stride=(2, 1), padding=((1, 0), (2, 1)), dilation=(1, 2), groups=3)),
+    ("depthwise-mult2-stride2", (2, 6, 9, 11), (12, 1, 3, 3), dict(stride=2, padding=1, groups=6)),
+    ("depthwise-3x3", (2, 16, 9, 11), (16, 1, 3, 3), dict(padding=1, groups=16)),
+    ("depthwise-5x5-dil2", (1, 8, 12, 10), (8, 1, 5, 5), dict(padding=4, dilation=2, groups=8)),
+    ("depthwise-big-pad", (1, 4, 3, 4), (4, 1, 3, 3), dict(padding=3, groups=4)),
+    ("1d-groups-stride3", (1, 4, 13), (4, 2, 5), dict(stride=3, padding=2, dilation=2, groups=2)),
+    ("1d-depthwise-k31", (2, 8, 40), (8, 1, 31), dict(padding=15, groups=8)),
+    ("3d-dense", (1, 3, 5, 6, 7), (4, 3, 3, 2, 3), dict(stride=(1, 2, 2), padding=1)),
+    ("3d-depthwise-mult2", (1, 4, 5, 6, 7), (8, 1, 3, 3, 3),
+     dict(stride=(1, 2, 1), padding=1, groups=4)),
+    ("1x1-stride2", (2, 7, 6, 5), (3, 7, 1, 1), dict(stride=2)),
+    ("kernel-equals-input", (3, 2, 4, 4), (5, 2, 4, 4), {}),
+    ("single-channel", (2, 1, 8, 8), (1, 1, 3, 3), dict(padding=1)),
+]
+
+
+def assert_close(got: np.ndarray, ref: np.ndarray, dtype: str) -> None:
+    """Fail unless got matches ref (float64) to the dtype's tolerance."""
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert got.dtype == np.dtype(dtype), got.dtype
+    err = np.max(np.abs(got.astype(np.float64) - ref), initial=0.0)
+    bound = TOLERANCE[dtype] * (1.0 + np.max(np.abs(ref), initial=0.0))
+    assert err <= bound, f"max error {err:.3g} > {bound:.3g} ({dtype})"
+
+
+def test_assert_close_can_fail() -> None:
+    ref = np.ones((2, 2))
+    with pytest.raises(AssertionError):
+        assert_close((ref + 1e-3).astype(np.float32), ref, "float32")
+
+
+def _operands(xs, ws, args, dtype, rng):
+    x = rng.standard_normal(xs)
+    w = rng.standard_normal(ws)
+    y_shape = ce.conv(x[:1], w, algo="reference", **args).shape
+    dy = rng.standard_normal((xs[0], *y_shape[1:]))
+    return x, w, dy, [a.astype(dtype) for a in (x, w, dy)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize(("xs", "ws", "args"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_direct_all_passes(xs, ws, args, layout, dtype) -> None:
+    rng = np.random.default_rng(abs(hash((xs, ws))) % 2**32)
+    x, w, dy, (xd, wd, dyd) = _operands(xs, ws, args, dtype, rng)
+    # the reference runs in float64 on the same (rounded) operands
+    x64, w64, dy64 = (a.astype(np.float64) for a in (xd, wd, dyd))
+    if layout == "NHWC":
+        move = lambda a: np.moveaxis(a, 1, -1)  # noqa: E731
+        x64, w64, dy64, xd, wd, dyd = map(move, (x64, w64, dy64, xd, wd, dyd))
+    kw = dict(args, layout=layout)
+    ref = ce.conv(x64, w64, algo="reference", **kw)
+    assert_close(ce.conv(xd, wd, algo="direct", **kw), ref, dtype)
+    ref = ce.conv_backward_data(dy64, w64, x64.shape, algo="reference", **kw)
+    assert_close(ce.conv_backward_data(dyd, wd, xd.shape, algo="direct", **kw), ref, dtype)
+    ref = ce.conv_backward_weight(x64, dy64, w64.shape, algo="reference", **kw)
+    assert_close(ce.conv_backward_weight(xd, dyd, wd.shape, algo="direct", **kw), ref, dtype)
+
+
+def test_direct_float16_accumulates_in_float32() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 32, 7, 7)).astype(np.float16)
+    w = (rng.standard_normal((8, 32, 3, 3)) / 16).astype(np.float16)
+    ref = ce.conv(x.astype(np.float64), w.astype(np.float64), padding=1, algo="reference")
+    assert_close(ce.conv(x, w, padding=1, algo="direct"), ref, "float16")
+
+
+def test_adjoint_identity() -> None:
+    """<conv(x, w), dy> = <x, dgrad(dy, w)> = <w, wgrad(x, dy)> for a strided grouped conv."""
+    rng = np.random.default_rng(7)
+    args = dict(stride=2, padding=((2, 1), (0, 1)), dilation=(2, 1), groups=2)
+    x = rng.standard_normal((2, 4, 11, 9))
+    w = rng.standard_normal((6, 2, 3, 3))
+    y = ce.conv(x, w, algo="direct", **args)
+    dy = rng.standard_normal(y.shape)
+    dx = ce.conv_backward_data(dy, w, x.shape, algo="direct", **args)
+    dw = ce.conv_backward_weight(x, dy, w.shape, algo="direct", **args)
+    lhs = np.vdot(y, dy)
+    assert np.isclose(lhs, np.vdot(x, dx), rtol=1e-12)
+    assert np.isclose(lhs, np.vdot(w, dw), rtol=1e-12)
+
+
+def test_direct_reports_workspace() -> None:
+    x = np.zeros((1, 8, 6, 6), np.float32)
+    w = np.zeros((4, 8, 3, 3), np.float32)
+    explanation = ce.explain(x, w, padding=1)
+    assert explanation.workspace_bytes["direct"] == 4 * 8 * 9 * 4
