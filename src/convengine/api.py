@@ -162,7 +162,12 @@ def transpose_problem(
         dilation=dilation_t, groups=groups, layout=layout, has_bias=bias is not None,
         x_name="output", w_name="w",
     )
-    check_shape(x.shape, problem.y_shape(), "x", "input of the transposed convolution")
+    # output_padding below the dilation (not the stride) can make the forward conv of
+    # the output longer than x: x then stands for a dy zero-extended at the end
+    expected = list(problem.y_shape())
+    for dim, n in zip(range(2, 2 + ndim) if nchw else range(1, 1 + ndim), in_size):
+        expected[dim] = n
+    check_shape(x.shape, expected, "x", "input of the transposed convolution")
     return problem
 
 
@@ -260,7 +265,14 @@ def conv_transpose(
                                 output_padding=output_padding, dilation=dilation,
                                 groups=groups, layout=layout)
     b = _check_bias(bias, problem.in_channels, problem.compute_dtype)
+    if x.shape != problem.y_shape():
+        x = _zero_extend(x, problem.y_shape())
     return _execute(problem, select.resolve(problem, algo), x, w, x.dtype, b)
+
+
+def _zero_extend(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``a`` padded with zeros at the end of each dim up to ``shape``."""
+    return np.pad(a, [(0, t - n) for n, t in zip(a.shape, shape)])
 
 
 _BUILDERS = {
