@@ -10,11 +10,14 @@ from .errors import ConvSetupError
 from .problem import ConvProblem
 from .registry import algorithms
 from .select import Explanation
+from .tune import TuneResult, TuningCacheWarning, get_tuning, set_tuning, tune
 
 __all__ = [
     "ConvProblem",
     "ConvSetupError",
     "Explanation",
+    "TuneResult",
+    "TuningCacheWarning",
     "__version__",
     "algorithms",
     "conv",
@@ -22,4 +25,7 @@ __all__ = [
     "conv_backward_weight",
     "conv_transpose",
     "explain",
+    "get_tuning",
+    "set_tuning",
+    "tune",
 ]

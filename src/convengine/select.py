@@ -1,15 +1,16 @@
-"""Choosing an algorithm: forced by name, or ``auto`` by a cheap heuristic.
+"""Choosing an algorithm: forced by name, or ``auto``: tuned, else a cheap heuristic.
 
 Every registered algorithm answers ``supports(problem) -> None | reason``; the
 heuristic walks a per-pass preference list and stops at the first that accepts, so
-``auto`` always ends at ``reference``, which serves everything.
+``auto`` always ends at ``reference``, which serves everything. Under the tuning
+mode (``convengine.set_tuning``) ``auto`` first asks the tuner (``tune/``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from . import registry
+from . import registry, tune
 from .errors import ConvSetupError
 from .problem import ConvProblem
 from .registry import Algorithm
@@ -47,7 +48,7 @@ def resolve(problem: ConvProblem, algo: str = "auto") -> Algorithm:
     if not isinstance(algo, str):
         raise TypeError(f"algo must be a string ('auto' or an algorithm name), got {algo!r}")
     if algo == "auto":
-        return heuristic(problem)
+        return tune.choose(problem) or heuristic(problem)
     chosen = registry.get(algo, problem.pass_)
     reason = chosen.supports(problem)
     if reason is not None:
@@ -67,16 +68,22 @@ class Explanation:
     supported: tuple[str, ...]
     refused: dict[str, str]
     workspace_bytes: dict[str, int]
+    source: str = "heuristic"  # where ``chosen`` comes from: tuned or heuristic, and why
+    timings: dict[str, str] = field(default_factory=dict)  # tuned: name -> median or error
 
     def __str__(self) -> str:
-        lines = [self.problem.describe(), f"{'algorithm':<16}{'workspace':>12}  verdict"]
+        lines = [self.problem.describe(), f"auto: {self.source}",
+                 f"{'algorithm':<16}{'workspace':>12}{'tuned':>12}  verdict"]
         for name in (*self.supported, *self.refused):
             if name in self.refused:
                 verdict, space = f"cannot: {self.refused[name]}", "-"
             else:
                 verdict = "CHOSEN by auto" if name == self.chosen else "can serve"
                 space = f"{self.workspace_bytes[name]:,}"
-            lines.append(f"{name:<16}{space:>12}  {verdict}")
+            timing = self.timings.get(name, "-")
+            if timing.startswith("failed"):
+                verdict, timing = f"{verdict}; tuning {timing}", "failed"
+            lines.append(f"{name:<16}{space:>12}{timing:>12}  {verdict}")
         return "\n".join(lines)
 
 
@@ -88,4 +95,6 @@ def explain_problem(problem: ConvProblem) -> Explanation:
             space[algo.name] = algo.workspace_bytes(problem)
         else:
             refused[algo.name] = reason
-    return Explanation(problem, resolve(problem).name, tuple(supported), refused, space)
+    tuned, source, timings = tune.explain_choice(problem)  # never benchmarks
+    chosen = (tuned or heuristic(problem)).name
+    return Explanation(problem, chosen, tuple(supported), refused, space, source, timings)

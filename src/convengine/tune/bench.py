@@ -1,0 +1,136 @@
+"""The benchmark loop: time every candidate on one problem and rank them.
+
+Inputs are random canonical operands (channels-last, compute dtype) built from the
+problem alone, so the tuner needs no kernel internals: only ``Algorithm.run``,
+``supports`` and ``accuracy``. Each candidate runs once untimed (warm-up: numba
+compilation, first-touch), its output is checked (shape, finite, agreement with
+the most accurate candidate), then rounds run interleaved (A B C A B C ...) and a
+candidate whose median is over ``ELIMINATE`` times the best is dropped (after the
+first round, only over ``ELIMINATE_FIRST``); timing stops when one is left.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from statistics import median
+from typing import Any
+
+import numpy as np
+
+from ..problem import ConvProblem
+from ..registry import Algorithm
+
+ELIMINATE = 1.5  # drop candidates slower than this times the best (as Burn does)
+ELIMINATE_FIRST = 3.0  # ... but after a single round only when clearly slower
+TIE = 0.05  # medians within 5% of the best are a tie: the more accurate one wins
+DISAGREE = 1e-2  # relative L2 distance to the most accurate output that fails a candidate
+MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 15, 0.5
+
+# What one candidate measured: {"median_s", "runs", "eliminated"} or {"error"}.
+Result = dict[str, Any]
+
+
+def operands(problem: ConvProblem) -> tuple[np.ndarray, np.ndarray]:
+    """Random canonical inputs of the problem's pass, seeded by its shapes."""
+    rng = np.random.default_rng(zlib.crc32(problem.describe().encode()))
+    shapes = {
+        "forward": (problem.x_shape("NHWC"), problem.w_shape("NHWC")),
+        "backward_data": (problem.y_shape("NHWC"), problem.w_shape("NHWC")),
+        "backward_weight": (problem.x_shape("NHWC"), problem.y_shape("NHWC")),
+    }[problem.pass_]
+    dt = problem.compute_dtype
+    return tuple(rng.standard_normal(s, dtype=np.float32).astype(dt) for s in shapes)  # type: ignore[return-value]
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _check(problem: ConvProblem, out: Any) -> str | None:
+    """Why an output is unusable, or None."""
+    expected = {
+        "forward": problem.y_shape("NHWC"),
+        "backward_data": problem.x_shape("NHWC"),
+        "backward_weight": problem.w_shape("NHWC"),
+    }[problem.pass_]
+    if not isinstance(out, np.ndarray) or out.shape != expected:
+        shape = getattr(out, "shape", None)
+        return f"returned {type(out).__name__} of shape {shape}, expected {expected}"
+    if not np.isfinite(out).all():
+        return "returned non-finite values on finite input"
+    return None
+
+
+def benchmark(problem: ConvProblem, candidates: Sequence[Algorithm]) -> dict[str, Result]:
+    """Warm up, check and time each candidate; one :data:`Result` per name."""
+    a, b = operands(problem)
+    results: dict[str, Result] = {}
+    outputs: dict[str, np.ndarray] = {}
+    for algo in candidates:
+        try:
+            out = algo.run(problem, a, b)
+        except Exception as exc:  # noqa: BLE001 - a failing candidate is recorded, not fatal
+            results[algo.name] = {"error": _error(exc)}
+            continue
+        reason = _check(problem, out)
+        if reason:
+            results[algo.name] = {"error": reason}
+        else:
+            outputs[algo.name] = out
+    if outputs:
+        accuracy = {c.name: c.accuracy for c in candidates}
+        ref_name = max(outputs, key=lambda n: accuracy[n])  # first of the most accurate
+        ref = outputs[ref_name].astype(np.float64)
+        scale = max(float(np.linalg.norm(ref)), 1e-30)
+        for name, out in outputs.items():
+            dist = float(np.linalg.norm(out.astype(np.float64) - ref)) / scale
+            if dist > DISAGREE:
+                results[name] = {"error": f"disagrees with {ref_name}: relative error {dist:.2e}"}
+    del outputs
+    alive = [c for c in candidates if c.name not in results]
+    times: dict[str, list[float]] = {c.name: [] for c in alive}
+    eliminated: set[str] = set()
+    spent, rounds = 0.0, 0
+    while alive and rounds < MAX_ROUNDS and (rounds < MIN_ROUNDS or spent < BUDGET_S):
+        for algo in alive:
+            start = time.perf_counter()
+            try:
+                algo.run(problem, a, b)
+            except Exception as exc:  # noqa: BLE001 - flaky candidates are failures too
+                results[algo.name] = {"error": _error(exc)}
+            dt = time.perf_counter() - start
+            times[algo.name].append(dt)
+            spent += dt
+        rounds += 1
+        alive = [c for c in alive if c.name not in results]
+        if alive:
+            best = min(median(times[c.name]) for c in alive)
+            limit = (ELIMINATE_FIRST if rounds == 1 else ELIMINATE) * best
+            slow = {c.name for c in alive if median(times[c.name]) > limit}
+            eliminated |= slow
+            alive = [c for c in alive if c.name not in slow]
+        if len(alive) <= 1:
+            break  # nothing left to compare
+    for name, ts in times.items():
+        if name not in results:
+            results[name] = {
+                "median_s": median(ts), "runs": len(ts), "eliminated": name in eliminated
+            }
+    return results
+
+
+def rank(results: Mapping[str, Result], accuracy: Mapping[str, int]) -> list[str]:
+    """Successful candidates best first: those within ``TIE`` of the fastest, most
+    accurate first, then the rest by time. Deterministic given the timings."""
+    ok = {n: r["median_s"] for n, r in results.items() if "median_s" in r}
+    if not ok:
+        return []
+    best = min(ok.values())
+
+    def order(name: str) -> tuple[bool, int, float, str]:
+        tied = ok[name] <= best * (1 + TIE)
+        return (not tied, -accuracy.get(name, 0) if tied else 0, ok[name], name)
+
+    return sorted(ok, key=order)

@@ -1,0 +1,180 @@
+"""Tuning modes and the tuner: what ``algo="auto"`` runs once it has measured.
+
+Modes (``set_tuning`` or the ``CONVENGINE_TUNING`` environment variable):
+
+- ``"off"``: the heuristic only.
+- ``"on"`` (default): on a cache miss, benchmark every candidate once for the
+  problem's tuning key, store the result, then use it.
+- ``"cache-only"``: cached choices, else the heuristic; never benchmarks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .. import registry
+from ..errors import ConvSetupError
+from ..problem import ConvProblem
+from ..registry import Algorithm
+from . import bench, keys
+from .cache import DB_NAME, Entry, Ident, TuningCache, cache_dir
+
+MODES = ("off", "on", "cache-only")
+ENV_MODE = "CONVENGINE_TUNING"
+
+_mode: str | None = None  # set_tuning's choice; None: follow the environment
+_caches: dict[str, TuningCache] = {}
+_caches_lock = threading.Lock()
+_tuning_lock = threading.RLock()  # one benchmark at a time: parallel timings lie
+
+
+def _check_mode(mode: Any, name: str) -> str:
+    if mode not in MODES:
+        raise ConvSetupError(f"{name} must be one of {MODES}, got {mode!r}")
+    return str(mode)
+
+
+def get_tuning() -> str:
+    """The current mode: set_tuning's, else ``$CONVENGINE_TUNING``, else ``"on"``."""
+    if _mode is not None:
+        return _mode
+    return _check_mode(os.environ.get(ENV_MODE, "on").strip().lower(), f"${ENV_MODE}")
+
+
+def set_tuning(mode: str | None) -> str | None:
+    """Set the tuning mode for this process (``None``: follow ``$CONVENGINE_TUNING``
+    again). Returns the previous setting, so it can be restored."""
+    global _mode
+    previous = _mode
+    _mode = None if mode is None else _check_mode(mode, "mode")
+    return previous
+
+
+def default_cache() -> TuningCache:
+    """The cache of the current cache directory (one object per directory)."""
+    path = cache_dir() / DB_NAME
+    with _caches_lock:
+        return _caches.setdefault(str(path), TuningCache(path))
+
+
+def ident(problem: ConvProblem) -> Ident:
+    return (keys.key_text(problem), keys.host_signature(), keys.version(),
+            keys.candidate_checksum(problem.pass_))
+
+
+def _accuracy(pass_: str) -> dict[str, int]:
+    return {a.name: a.accuracy for a in registry.all_for(pass_)}
+
+
+def pick(entry: Entry, problem: ConvProblem) -> Algorithm | None:
+    """The best measured algorithm of ``entry`` that serves this exact problem
+    (problems of one bucket can differ in what an algorithm supports)."""
+    registered = {a.name: a for a in registry.all_for(problem.pass_)}
+    for name in bench.rank(entry.results, _accuracy(problem.pass_)):
+        algo = registered.get(name)
+        if algo is not None and algo.supports(problem) is None:
+            return algo
+    return None
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What tuning one problem gave: ``choice`` (None if every candidate failed),
+    every candidate's result, and ``source``: "tuned", "cache" or "skipped"."""
+
+    problem: ConvProblem
+    key: str
+    choice: str | None
+    results: dict[str, dict[str, Any]]
+    source: str
+
+    @property
+    def median_s(self) -> float | None:
+        """The chosen algorithm's median time in seconds."""
+        return None if self.choice is None else self.results[self.choice]["median_s"]
+
+
+def tune_problem(problem: ConvProblem, *, force: bool = False) -> TuneResult:
+    """Benchmark the candidates of one problem (unless cached) and store the result.
+
+    Ignores the mode: this is the explicit request to measure. Empty problems
+    (batch 0) are skipped."""
+    if not isinstance(problem, ConvProblem):
+        raise TypeError(f"problem must be a ConvProblem, got {type(problem).__name__}")
+    cache, key = default_cache(), ident(problem)
+    if problem.batch == 0:
+        return TuneResult(problem, key[0], None, {}, "skipped")
+    with _tuning_lock:
+        entry = None if force else cache.get(key)
+        if entry is not None:
+            return TuneResult(problem, key[0], entry.choice, entry.results, "cache")
+        candidates = [a for a in registry.all_for(problem.pass_) if a.supports(problem) is None]
+        results = bench.benchmark(problem, candidates)
+        ranked = bench.rank(results, _accuracy(problem.pass_))
+        if not ranked:
+            return TuneResult(problem, key[0], None, results, "tuned")
+        cache.put([Entry(key[0], problem.pass_, key[1], key[2], key[3], ranked[0],
+                         results, problem.describe())])
+        return TuneResult(problem, key[0], ranked[0], results, "tuned")
+
+
+def choose(problem: ConvProblem) -> Algorithm | None:
+    """The tuned algorithm for ``auto`` under the current mode; None: use the heuristic."""
+    mode = get_tuning()
+    if mode == "off" or problem.batch == 0:
+        return None
+    entry = default_cache().get(ident(problem))
+    if entry is None and mode == "on":
+        tune_problem(problem)
+        entry = default_cache().get(ident(problem))
+    return None if entry is None else pick(entry, problem)
+
+
+def explain_choice(problem: ConvProblem) -> tuple[Algorithm | None, str, dict[str, str]]:
+    """For explain(): the cached choice (never benchmarks), where the choice comes
+    from in words, and each measured candidate's result as text."""
+    mode = get_tuning()
+    entry = default_cache().get(ident(problem)) if problem.batch else None
+    timings = {} if entry is None else {
+        name: (f"{r['median_s'] * 1e3:.3f} ms" if "median_s" in r else f"failed: {r['error']}")
+        for name, r in entry.results.items()
+    }
+    if mode == "off":
+        return None, "heuristic; tuning is off", timings
+    if entry is None:
+        later = "tuned on first call" if mode == "on" else "not tuned: cache-only"
+        return None, f"heuristic; {later}", timings
+    algo = pick(entry, problem)
+    return algo, "tuned, from the cache" if algo else "heuristic; no tuned candidate fits", timings
+
+
+def _progress(items: list[ConvProblem], enabled: bool | None) -> Iterable[ConvProblem]:
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return items
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is a dependency, but a bar is not worth failing over
+        return items
+    return tqdm(items, desc="tuning", unit="problem", file=sys.stderr)
+
+
+def tune(
+    problems: Iterable[ConvProblem], *, force: bool = False, progress: bool | None = None
+) -> list[TuneResult]:
+    """Pre-tune a list of problems (e.g. a model's layers), one result each.
+
+    Cached problems are not measured again unless ``force``. ``progress``: show a
+    bar (default: when stderr is a terminal).
+    """
+    items = list(problems)
+    for i, p in enumerate(items):
+        if not isinstance(p, ConvProblem):
+            raise TypeError(f"problems[{i}] must be a ConvProblem, got {type(p).__name__}")
+    return [tune_problem(p, force=force) for p in _progress(items, progress)]
