@@ -1,10 +1,5 @@
-"""Suite-wide test settings.
-
-Tuning is off by default: most tests call conv() on many tiny shapes, and measuring
-each would make the suite slow and the choice timing-dependent; the tuner's own
-tests turn it on. The tuning cache goes to a private temporary directory so the
-suite never touches the user's cache.
-"""
+"""Test-wide settings: no autotuning by default (tests that tune opt in), and a
+private cache directory so that no test touches the user's cache."""
 
 import os
 import tempfile
