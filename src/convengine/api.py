@@ -68,7 +68,8 @@ def _execute(
     shape = problem.result_shape()
     if problem.batch == 0:
         return np.zeros(shape, dtype=out_dtype)
-    out = algorithm.run(problem, to_channels_last(a, problem), to_channels_last(b, problem))
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf propagate silently
+        out = algorithm.run(problem, to_channels_last(a, problem), to_channels_last(b, problem))
     if bias is not None:
         out += bias
     return from_channels_last(out, problem, out_dtype)

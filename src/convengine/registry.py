@@ -76,6 +76,12 @@ def register(
     return decorate
 
 
+def unregister(name: str, pass_: str) -> None:
+    """Remove a registered algorithm (e.g. a plug-in or a test's stand-in)."""
+    get(name, pass_)
+    del _REGISTRY[pass_][name]
+
+
 def _check_pass(pass_: str) -> None:
     if pass_ not in PASSES:
         raise ConvSetupError(f"unknown pass {pass_!r}; expected one of {PASSES}")
