@@ -8,6 +8,7 @@ from ._version import __version__
 from .api import conv, conv_backward_data, conv_backward_weight, conv_transpose, explain
 from .errors import ConvSetupError
 from .problem import ConvProblem
+from .quant import dequantize, qconv, quantize, quantize_per_channel, requantize
 from .registry import algorithms
 from .select import Explanation
 from .tune import TuneResult, TuningCacheWarning, get_tuning, set_tuning, tune
@@ -24,8 +25,13 @@ __all__ = [
     "conv_backward_data",
     "conv_backward_weight",
     "conv_transpose",
+    "dequantize",
     "explain",
     "get_tuning",
+    "qconv",
+    "quantize",
+    "quantize_per_channel",
+    "requantize",
     "set_tuning",
     "tune",
 ]

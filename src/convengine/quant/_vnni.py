@@ -1,0 +1,85 @@
+"""The AVX512-VNNI int8 micro-kernel: a 6 x 64 int32 tile by ``vpdpbusd``.
+
+``ukernel_6x64(a, a_off, lda, b, b_off, kc4, mr, c)`` computes, for rows
+``r < mr`` of the uint8 matrix at ``a[a_off + r * lda + 4k + i]`` and the int8
+weights packed as ``b[b_off + (k * 64 + col) * 4 + i]`` (layout (Kc/4, 64, 4)):
+
+    c[r * 64 + col] = sum_{k < kc4, i < 4} a[r, 4k + i] * b[k, col, i]      (int32)
+
+Rows ``r >= mr`` repeat row ``mr - 1`` (their results are ignored by the caller).
+The 24 accumulators are ``<16 x i32>`` allocas that LLVM keeps in zmm registers.
+``vpdpbusd`` multiplies unsigned by signed bytes and adds without saturation:
+the sum is exact modulo 2**32.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+MR = 6
+NR = 64
+_I8, _I32 = ir.IntType(8), ir.IntType(32)
+_V16 = ir.VectorType(_I32, 16)
+
+
+def _vpdpbusd(builder: ir.IRBuilder) -> ir.Function:
+    fnty = ir.FunctionType(_V16, [_V16, _V16, _V16])
+    return cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
+
+
+def _vec_ptr(builder: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
+    return builder.bitcast(ptr, _V16.as_pointer())
+
+
+@intrinsic
+def ukernel_6x64(typingctx, a, a_off, lda, b, b_off, kc4, mr, c):
+    sig = types.void(a, types.intp, types.intp, b, types.intp, types.intp, types.intp, c)
+
+    def codegen(context, builder, signature, args):
+        a_arr = context.make_array(signature.args[0])(context, builder, args[0])
+        b_arr = context.make_array(signature.args[3])(context, builder, args[3])
+        c_arr = context.make_array(signature.args[7])(context, builder, args[7])
+        _, a_off_v, lda_v, _, b_off_v, kc4_v, mr_v, _ = args
+        intp = a_off_v.type
+        dot = _vpdpbusd(builder)
+        a0 = builder.gep(a_arr.data, [a_off_v])
+        rows = []
+        for r in range(MR):
+            rr = ir.Constant(intp, r)
+            last = builder.sub(mr_v, ir.Constant(intp, 1))
+            use = builder.select(builder.icmp_signed("<", rr, mr_v), rr, last)
+            rows.append(builder.gep(a0, [builder.mul(use, lda_v)]))
+        b0 = builder.gep(b_arr.data, [b_off_v])
+        zero = ir.Constant(_V16, None)
+        accs = [
+            [cgutils.alloca_once_value(builder, zero) for _ in range(NR // 16)]
+            for _ in range(MR)
+        ]
+        with cgutils.for_range(builder, kc4_v) as loop:
+            k = loop.index
+            bk = builder.gep(b0, [builder.mul(k, ir.Constant(intp, NR * 4))])
+            bvecs = [
+                builder.load(_vec_ptr(builder, builder.gep(bk, [ir.Constant(intp, 64 * j)])),
+                             align=1)
+                for j in range(NR // 16)
+            ]
+            k4 = builder.mul(k, ir.Constant(intp, 4))
+            for r in range(MR):
+                aptr = builder.bitcast(builder.gep(rows[r], [k4]), _I32.as_pointer())
+                ai = builder.load(aptr, align=1)
+                undef = ir.Constant(_V16, ir.Undefined)
+                splat = builder.insert_element(undef, ai, ir.Constant(_I32, 0))
+                splat = builder.shuffle_vector(splat, undef, ir.Constant(_V16, None))
+                for j in range(NR // 16):
+                    cur = builder.load(accs[r][j])
+                    builder.store(builder.call(dot, [cur, splat, bvecs[j]]), accs[r][j])
+        for r in range(MR):
+            for j in range(NR // 16):
+                dst = builder.gep(c_arr.data, [ir.Constant(intp, r * NR + 16 * j)])
+                builder.store(builder.load(accs[r][j]), _vec_ptr(builder, dst), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen

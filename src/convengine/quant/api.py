@@ -1,0 +1,182 @@
+"""``qconv``: quantized N-d convolution, exact in int32, requantized as PyTorch or ONNX.
+
+Validation reuses :func:`convengine.problem.make_problem` for shapes (so shape
+errors read as in the float API) and :mod:`.numerics` for scales and zero points.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConvSetupError
+from ..problem import ConvProblem, as_array, make_problem
+from . import cpu, kernels
+from .numerics import (
+    BIAS_MODES,
+    Requant,
+    check_int32_bias,
+    check_int_dtype,
+    check_scale,
+    check_zero_point,
+    requant_params,
+)
+from .prepack import packed_weights
+
+ALGOS = ("auto", "vnni", "portable", "depthwise")
+
+
+def _int_array(value: Any, name: str, allowed: tuple[str, ...]) -> np.ndarray:
+    a = as_array(value, name)
+    if a.dtype.name not in allowed:
+        raise ConvSetupError(
+            f"{name} must be an integer array of dtype {' or '.join(allowed)}, got dtype "
+            f"{a.dtype}" + (" (quantize float data first with convengine.quantize)"
+                           if np.issubdtype(a.dtype, np.floating) else "")
+        )
+    return a
+
+
+def _canonical(a: np.ndarray, problem: ConvProblem) -> np.ndarray:
+    """(N|O, C, *S) or (N|O, *S, C) -> (N|O, D, H, W, C) C-contiguous, unit dims in front."""
+    if problem.layout == "NCHW":
+        a = np.moveaxis(a, 1, -1)
+    pad = 3 - problem.ndim
+    return np.ascontiguousarray(a.reshape(a.shape[0], *(1,) * pad, *a.shape[1:]))
+
+
+def _geometry(problem: ConvProblem, padded: bool) -> np.ndarray:
+    def three(values: tuple[int, ...], fill: int) -> list[int]:
+        return [fill] * (3 - problem.ndim) + list(values)
+
+    pads = tuple(0 if padded else lo for lo, _ in problem.padding)
+    return np.array(
+        three(problem.kernel, 1) + three(problem.stride, 1) + three(pads, 0)
+        + three(problem.dilation, 1) + three(problem.out_size, 1),
+        dtype=np.int64,
+    )
+
+
+def choose_algo(problem: ConvProblem, algo: str) -> str:
+    """The kernel that serves ``problem``: ``auto`` picks depthwise where it applies
+    (groups == C == O, at most 258 taps), else the CPU's dense path."""
+    if algo not in ALGOS:
+        raise ConvSetupError(f"unknown algo {algo!r} for qconv; expected one of {ALGOS}")
+    taps = int(np.prod(problem.kernel))
+    depthwise = (
+        problem.is_depthwise
+        and problem.out_channels == problem.in_channels
+        and taps <= kernels.DEPTHWISE_MAX_TAPS
+    )
+    if algo == "depthwise" and not depthwise:
+        raise ConvSetupError(
+            "algo='depthwise' needs groups == in_channels == out_channels and at most "
+            f"{kernels.DEPTHWISE_MAX_TAPS} kernel taps; got {problem.describe()}"
+        )
+    if algo == "vnni" and not cpu.HAS_VNNI:
+        raise ConvSetupError("algo='vnni' needs a CPU with AVX512-VNNI; this one lacks it")
+    if algo != "auto":
+        return algo
+    return "depthwise" if depthwise else cpu.int8_path()
+
+
+def qconv(
+    x_q: Any,
+    x_scale: Any,
+    x_zero_point: Any,
+    w_q: Any,
+    w_scale: Any,
+    w_zero_point: Any,
+    bias: Any = None,
+    *,
+    out_scale: Any = None,
+    out_zero_point: Any = None,
+    out_dtype: Any = np.uint8,
+    relu: bool = False,
+    bias_mode: str = "float",
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    layout: str = "NCHW",
+    algo: str = "auto",
+) -> np.ndarray:
+    """Quantized convolution; returns ``y_q`` in ``layout`` and ``out_dtype``.
+
+    x_q ``(N, C, *S)`` uint8/int8, w_q ``(O, C // groups, *K)`` int8/uint8 (NCHW; or
+    channels-last with ``layout="NHWC"``), 1-3 spatial dims. ``w_scale`` and
+    ``w_zero_point`` are scalars or one per output channel. The exact int32
+    accumulator ``sum (x_q - x_zp)(w_q - w_zp)`` is requantized as
+    :mod:`convengine.quant.numerics` describes: ``bias_mode="float"`` (float32 bias,
+    PyTorch fbgemm) or ``"int32"`` (int32 bias, ONNX QLinearConv). ReLU clamps at
+    ``out_zero_point``. ``out_dtype=np.int32`` returns the accumulator (plus an
+    int32 bias if given), as ONNX ConvInteger; scales other than x/w are then unused.
+    """
+    x = _int_array(x_q, "x_q", ("uint8", "int8"))
+    w = _int_array(w_q, "w_q", ("int8", "uint8"))
+    problem = make_problem(
+        "forward", x.shape, w.shape, dtype=x.dtype.name, stride=stride, padding=padding,
+        dilation=dilation, groups=groups, layout=layout, has_bias=bias is not None,
+        x_name="x_q", w_name="w_q",
+    )
+    o = problem.out_channels
+    xzp = int(check_zero_point(x_zero_point, "x_zero_point", x.dtype))
+    wzp = np.broadcast_to(check_zero_point(w_zero_point, "w_zero_point", w.dtype, o), (o,))
+    odt = check_int_dtype(out_dtype, "out_dtype")
+    if bias_mode not in BIAS_MODES:
+        raise ConvSetupError(f"bias_mode must be one of {BIAS_MODES}, got {bias_mode!r}")
+    if odt == np.int32:
+        if relu:
+            raise ConvSetupError("relu=True needs an 8-bit out_dtype (uint8 or int8), got int32")
+        if bias is not None and bias_mode != "int32":
+            raise ConvSetupError(
+                "out_dtype=int32 returns the raw accumulator: a bias must be int32 with "
+                "bias_mode='int32'"
+            )
+        check_scale(x_scale, "x_scale")
+        check_scale(w_scale, "w_scale", o)
+        bias_i = np.zeros(o, np.int32) if bias is None else check_int32_bias(bias, o)
+        rq = Requant("raw", np.ones(o, np.float32), bias_i, 0, 0, 0)
+        mode = 2
+    else:
+        if out_scale is None or out_zero_point is None:
+            raise ConvSetupError(
+                f"out_scale and out_zero_point are required for out_dtype={odt.name}"
+            )
+        rq = requant_params(x_scale, w_scale, out_scale, out_zero_point, o, bias,
+                            out_dtype=odt, relu=relu, bias_mode=bias_mode)
+        mode = 0 if bias_mode == "float" else 1
+    path = choose_algo(problem, algo)
+    y = np.empty((problem.batch * int(np.prod(problem.out_size)), o), dtype=odt)
+    if y.size:
+        _run(path, problem, _canonical(x, problem), xzp, _canonical(w, problem),
+             np.ascontiguousarray(wzp, dtype=np.int64), rq, mode, y)
+    y = y.reshape(problem.y_shape("NHWC"))
+    if problem.layout == "NCHW":
+        y = np.ascontiguousarray(np.moveaxis(y, -1, 1))
+    return y
+
+
+def _run(path: str, problem: ConvProblem, x: np.ndarray, xzp: int, w: np.ndarray,
+         wzp: np.ndarray, rq: Requant, mode: int, y: np.ndarray) -> None:
+    flip = 0x80 if x.dtype == np.int8 else 0
+    xu = x.view(np.uint8)
+    xzp_u = xzp + flip
+    bias_f = rq.bias if mode == 0 else np.zeros(1, np.float32)
+    bias_i = rq.bias if mode != 0 else np.zeros(1, np.int32)
+    args = (mode, rq.multiplier, bias_f, bias_i, rq.zero_point, rq.lo, rq.hi, y)
+    packed = packed_weights(w, wzp, problem.groups, path)
+    if path == "depthwise":
+        xf = (xu ^ np.uint8(flip)).astype(np.float32) - np.float32(xzp_u)
+        pads = [(0, 0)] * (3 - problem.ndim) + list(problem.padding)
+        xf = np.pad(xf, ((0, 0), *pads, (0, 0)))
+        kernels.conv_depthwise(xf, packed.data, _geometry(problem, True), *args)
+    elif path == "portable":
+        kernels.conv_portable(xu, flip, xzp_u, packed.data, _geometry(problem, False),
+                              problem.groups, *args)
+    else:
+        col_term = packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum
+        kernels.conv_vnni(xu, flip, xzp_u, packed.data, packed.wzp, col_term,
+                          _geometry(problem, False), problem.groups, packed.kc, packed.kc4,
+                          packed.nb, *args)

@@ -1,0 +1,84 @@
+"""Weights prepared once per (weights, zero points, groups, path) and cached.
+
+The cache keys on the weights' *content* (a CRC of the bytes, confirmed by an
+exact comparison with the stored copy), so an array changed in place is never
+served stale. Canonical weights are ``w (O, KD, KH, KW, C // g)``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._vnni import NR
+
+CACHE_SIZE = 64
+
+
+@dataclass(frozen=True)
+class Packed:
+    """``data``: VNNI (g * nb * kc4 * 64 * 4,) int8, portable (O, Kc) int16 ``w - wzp``,
+    depthwise (taps, C) float32 ``w - wzp``. ``wzp`` (O,) int64 signed-weight zero
+    points; ``col_sum`` (O,) int64 ``sum_k w_signed[o, k]``."""
+
+    data: np.ndarray
+    wzp: np.ndarray
+    col_sum: np.ndarray
+    kc: int
+    kc4: int
+    nb: int
+
+
+_cache: OrderedDict[tuple, tuple[np.ndarray, Packed]] = OrderedDict()
+
+
+def _signed(w: np.ndarray, wzp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 weights -> int8 by -128, zero points alike; the differences are unchanged."""
+    if w.dtype == np.uint8:
+        return (w.astype(np.int16) - 128).astype(np.int8), wzp - 128
+    return w, wzp
+
+
+def _pack(w: np.ndarray, wzp: np.ndarray, groups: int, path: str) -> Packed:
+    o = w.shape[0]
+    kc = int(np.prod(w.shape[1:]))
+    ws, zs = _signed(w, wzp)
+    mat = ws.reshape(o, kc)
+    col_sum = mat.sum(axis=1, dtype=np.int64)
+    if path == "depthwise":
+        taps = (mat.astype(np.float32) - zs.astype(np.float32)[:, None]).T.copy()
+        return Packed(taps, zs, col_sum, kc, 0, 0)
+    if path == "portable":
+        diff = (mat.astype(np.int16) - zs.astype(np.int16)[:, None]).copy()
+        return Packed(diff, zs, col_sum, kc, 0, 0)
+    og = o // groups
+    kc4 = -(-kc // 4)
+    nb = -(-og // NR)
+    padded = np.zeros((groups, nb * NR, kc4 * 4), np.int8)
+    padded[:, :og, :kc] = mat.reshape(groups, og, kc)
+    data = padded.reshape(groups, nb, NR, kc4, 4).transpose(0, 1, 3, 2, 4)
+    return Packed(np.ascontiguousarray(data).ravel(), zs, col_sum, kc, kc4, nb)
+
+
+def packed_weights(w: np.ndarray, wzp: np.ndarray, groups: int, path: str) -> Packed:
+    """The packed form of canonical ``w`` for ``path`` ("vnni", "portable", "depthwise")."""
+    w = np.ascontiguousarray(w)
+    wzp = np.ascontiguousarray(wzp, dtype=np.int64)
+    key = (path, groups, w.shape, w.dtype.str, wzp.tobytes(), zlib.crc32(w.data))
+    hit = _cache.get(key)
+    if hit is not None and np.array_equal(hit[0], w):
+        _cache.move_to_end(key)
+        return hit[1]
+    packed = _pack(w, wzp, groups, path)
+    _cache[key] = (w.copy(), packed)
+    while len(_cache) > CACHE_SIZE:
+        _cache.popitem(last=False)
+    return packed
+
+
+def clear_cache() -> None:
+    """Drop every prepacked weight."""
+    _cache.clear()
