@@ -255,11 +255,18 @@ def _result(prog: Program, name: str) -> tuple[np.ndarray, np.ndarray]:
     return arr, internal(arr, spec)
 
 
+def _value_bytes(prog: Program, problem: ConvProblem) -> int:
+    """Bytes per conv output value: the conv's result, plus a buffer in the carrier
+    dtype when that differs (an int32 accumulator, or float32 data computed in float64)."""
+    conv = np.dtype(np.int32) if problem.dtype == "int8" else problem.compute_dtype
+    return conv.itemsize + (_carrier(prog).itemsize if conv != _carrier(prog) else 0)
+
+
 def _partly_fused(prog: Program, chain: Chain, algo: str) -> Built:
     problem = prog.problems[chain.conv.name]
     out_name = prog.outputs[0]
     size = math.prod(prog.tensors[chain.conv.output].shape)
-    space = size * (conv_dtype(problem).itemsize + _carrier(prog).itemsize)
+    space = size * _value_bytes(prog, problem)
     if problem.dtype != "int8":
         space += registry.get(algo, problem.pass_).workspace_bytes(problem)
 
@@ -334,7 +341,7 @@ def _fused(prog: Program, chain: Chain, algo: str, deterministic: bool,
     space = 0
     if plan:
         tile_size = max(math.prod(t.problem.result_shape()) for t in plan)
-        space = tile_size * (conv_dtype(problem).itemsize + _carrier(prog).itemsize)
+        space = tile_size * _value_bytes(prog, problem)
     if problem.dtype != "int8" and plan:
         space += max(registry.get(algo, problem.pass_).workspace_bytes(t.problem) for t in plan)
 
