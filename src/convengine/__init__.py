@@ -11,6 +11,7 @@ from .problem import ConvProblem
 from .quant import dequantize, qconv, quantize, quantize_per_channel, requantize
 from .registry import algorithms
 from .select import Explanation
+from .threads import get_num_threads, set_num_threads
 from .tune import TuneResult, TuningCacheWarning, get_tuning, set_tuning, tune
 
 __all__ = [
@@ -27,11 +28,13 @@ __all__ = [
     "conv_transpose",
     "dequantize",
     "explain",
+    "get_num_threads",
     "get_tuning",
     "qconv",
     "quantize",
     "quantize_per_channel",
     "requantize",
+    "set_num_threads",
     "set_tuning",
     "tune",
 ]

@@ -1,3 +1,3 @@
 """The algorithms; importing this package registers every one of them."""
 
-from . import direct, im2col, implicit_gemm, pointwise, reference  # noqa: F401
+from . import direct, im2col, implicit_gemm, pointwise, reference, winograd  # noqa: F401

@@ -1,0 +1,138 @@
+"""Winograd F(2x2,3x3) / F(4x4,3x3) (and 1-D F(2,3) / F(4,3)) against the float64
+reference: error bounds, multiply counts, refusals and the weight-transform cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import convengine as ce
+from convengine.algorithms import winograd
+from convengine.registry import get
+
+# max |got - ref| / max |ref| for float32 inputs with unit-normal data; measured
+# worst cases over these shapes were about 3e-7 (F2) and 3e-6 (F4)
+TOLERANCE = {"winograd": 2e-6, "winograd4": 2e-5}
+
+CASES = [
+    ("2d-pad1", (2, 5, 9, 11), 6, 1),
+    ("2d-valid", (2, 5, 9, 11), 6, 0),
+    ("2d-asym-pad", (1, 3, 10, 7), 4, ((2, 0), (1, 2))),
+    ("2d-one-tile", (1, 4, 3, 3), 2, 1),
+    ("2d-wide", (3, 16, 6, 17), 24, 1),
+    ("1d-pad1", (2, 8, 17), 4, 1),
+    ("1d-valid-short", (1, 3, 3), 5, 0),
+]
+
+
+def assert_rel_close(got: np.ndarray, ref: np.ndarray, tol: float) -> None:
+    """Fail unless max |got - ref| <= tol * max |ref|."""
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    err = np.max(np.abs(got.astype(np.float64) - ref)) / np.max(np.abs(ref))
+    assert err <= tol, f"relative error {err:.3g} > {tol:.3g}"
+
+
+def test_assert_rel_close_can_fail() -> None:
+    with pytest.raises(AssertionError):
+        assert_rel_close(np.ones(3) * 1.001, np.ones(3), 1e-4)
+
+
+@pytest.mark.parametrize("algo", ["winograd", "winograd4"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize(("xs", "o", "pad"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_forward_and_backward_data(xs, o, pad, layout, algo) -> None:
+    rng = np.random.default_rng(len(xs) * 100 + o)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal((o, xs[1], *(3,) * (len(xs) - 2))).astype(np.float32)
+    if layout == "NHWC":
+        x, w = np.moveaxis(x, 1, -1), np.moveaxis(w, 1, -1)
+    kw = dict(padding=pad, layout=layout)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    ref = ce.conv(x64, w64, algo="reference", **kw)
+    got = ce.conv(x, w, algo=algo, **kw)
+    assert got.dtype == np.float32
+    assert_rel_close(got, ref, TOLERANCE[algo])
+    dy = rng.standard_normal(ref.shape).astype(np.float32)
+    ref = ce.conv_backward_data(dy.astype(np.float64), w64, x.shape, algo="reference", **kw)
+    assert_rel_close(ce.conv_backward_data(dy, w, x.shape, algo=algo, **kw), ref, TOLERANCE[algo])
+
+
+def test_float64_is_near_exact() -> None:
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((2, 6, 13, 10)), rng.standard_normal((5, 6, 3, 3))
+    ref = ce.conv(x, w, padding=1, algo="reference")
+    for algo in TOLERANCE:
+        assert_rel_close(ce.conv(x, w, padding=1, algo=algo), ref, 1e-13)
+
+
+@pytest.mark.parametrize(
+    ("shape", "m", "per_tile", "direct_per_tile"),
+    [((8, 8), 2, 16, 36), ((8, 8), 4, 36, 144), ((8,), 2, 4, 6), ((8,), 4, 6, 12)],
+)
+def test_multiply_count_saving(shape, m, per_tile, direct_per_tile) -> None:
+    """The GEMM stage does (m + 2)^d multiplies per output tile and channel pair,
+    against 3^d m^d for direct convolution (2.25x fewer for F(2x2,3x3), 4x for F(4x4))."""
+    c, o = 5, 7
+    ndim = len(shape)
+    x, w = np.zeros((1, c, *shape), np.float32), np.zeros((o, c, *(3,) * ndim), np.float32)
+    problem = ce.explain(x, w, padding=1).problem
+    tiles = (8 // m) ** ndim
+    assert winograd.multiplies(problem, m) == tiles * per_tile * c * o
+    direct = problem.flops // 2  # multiply-adds of the direct convolution
+    assert direct == tiles * direct_per_tile * c * o
+    assert direct / winograd.multiplies(problem, m) == direct_per_tile / per_tile
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (dict(w=(4, 3, 5, 5)), "not 3x3"),
+        (dict(stride=2), "stride"),
+        (dict(dilation=2, padding=2), "dilation"),
+        (dict(w=(6, 1, 3, 3), groups=3), "groups"),
+        (dict(x=(1, 3, 6, 6, 6), w=(4, 3, 3, 3, 3)), "3-D"),
+    ],
+)
+def test_refuses_with_reason(args, why) -> None:
+    args = dict(args)
+    x = np.zeros(args.pop("x", (1, 3, 8, 8)), np.float32)
+    w = np.zeros(args.pop("w", (4, 3, 3, 3)), np.float32)
+    explanation = ce.explain(x, w, **args)
+    for algo in TOLERANCE:
+        assert why in explanation.refused[algo]
+        with pytest.raises(ce.ConvSetupError, match=why):
+            ce.conv(x, w, algo=algo, **args)
+
+
+def test_not_exact_and_reports_workspace() -> None:
+    for algo in TOLERANCE:
+        assert get(algo, "forward").exact is False
+    x, w = np.zeros((2, 8, 10, 10), np.float32), np.zeros((16, 8, 3, 3), np.float32)
+    space = ce.explain(x, w, padding=1).workspace_bytes
+    assert space["winograd"] >= 16 * 8 * 16 * 4  # at least U, alpha^2 x C x O floats
+    assert space["winograd4"] >= 36 * 8 * 16 * 4
+
+
+def test_weight_cache_reuses_and_never_serves_stale() -> None:
+    winograd.WEIGHT_CACHE.clear()
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((3, 4, 3, 3)).astype(np.float32)
+    first = ce.conv(x, w, padding=1, algo="winograd")
+    again = ce.conv(x, w.copy(), padding=1, algo="winograd")  # same values, new array
+    assert winograd.WEIGHT_CACHE.hits == 1 and winograd.WEIGHT_CACHE.misses == 1
+    np.testing.assert_array_equal(first, again)
+    w[2, 3, 1, 1] += 1.0  # in place, one element: an id/sample key alone would miss it
+    changed = ce.conv(x, w, padding=1, algo="winograd")
+    ref = ce.conv(x.astype(np.float64), w.astype(np.float64), padding=1, algo="reference")
+    assert_rel_close(changed, ref, TOLERANCE["winograd"])
+    assert winograd.WEIGHT_CACHE.misses == 2
+
+
+def test_weight_cache_is_bounded() -> None:
+    cache = winograd._WeightCache(max_bytes=10_000)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        w = rng.standard_normal((8, 3, 3, 8)).astype(np.float32)
+        cache.get(w, 2, winograd.weight_transform)
+    assert cache._size() <= 10_000 or len(cache.entries) == 1
