@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConvSetupError
+from .interop.dlpack import dlpack_device, from_dlpack
 
 PASSES = ("forward", "backward_data", "backward_weight")
 LAYOUTS = ("NCHW", "NHWC")
@@ -152,10 +153,15 @@ def as_array(value: Any, name: str) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     if hasattr(value, "__dlpack__"):
-        try:
-            return np.from_dlpack(value)
-        except (TypeError, ValueError, BufferError, RuntimeError):
-            pass  # e.g. bfloat16 or a tensor that needs grad: take the slow road
+        view = from_dlpack(value)  # None for e.g. a GPU tensor: take the slow road
+        if view is not None:
+            return view
+        if not hasattr(value, "__array__"):
+            raise TypeError(
+                f"{name} ({type(value).__name__}) cannot be exported to numpy through "
+                f"DLPack (device {dlpack_device(value)}) and has no __array__; move it "
+                f"to host (CPU) memory first"
+            )
     try:
         return np.asarray(value)
     except Exception as exc:  # noqa: BLE001 - re-raised with the argument's name
