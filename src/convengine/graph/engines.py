@@ -85,21 +85,23 @@ def operand(prog: Program, vals: Values, op: str, name: str, main: str) -> np.nd
     return internal(a, mspec)
 
 
-def conv_dtype(problem: ConvProblem) -> np.dtype:
-    return np.dtype(np.int8) if problem.dtype == "int8" else problem.compute_dtype
+def conv_operand(a: np.ndarray, problem: ConvProblem) -> np.ndarray:
+    """C-contiguous, in the compute dtype for float convs; 8-bit data kept as is."""
+    if problem.dtype == "int8":
+        return np.ascontiguousarray(a)
+    return np.ascontiguousarray(a, problem.compute_dtype)
 
 
 def run_conv(problem: ConvProblem, algo: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """One conv pass on channels-last operands -> channels-last result."""
+    a, b = conv_operand(a, problem), conv_operand(b, problem)
     if problem.dtype == "int8":
         from .qnum import int8_conv
 
         return int8_conv(problem, a, b)
     if problem.batch == 0:
-        return np.zeros(result_shape_cl(problem), conv_dtype(problem))
-    return registry.get(algo, problem.pass_).run(
-        problem, np.ascontiguousarray(a, conv_dtype(problem)),
-        np.ascontiguousarray(b, conv_dtype(problem)))
+        return np.zeros(result_shape_cl(problem), problem.compute_dtype)
+    return registry.get(algo, problem.pass_).run(problem, a, b)
 
 
 def result_shape_cl(problem: ConvProblem) -> tuple[int, ...]:
@@ -348,8 +350,7 @@ def _fused(prog: Program, chain: Chain, algo: str, deterministic: bool,
     def run(vals: Values) -> Values:
         vals, ops = _prologue(prog, chain, algo, vals)
         a, b = (value(prog, vals, n) for n in chain.conv.inputs)
-        a = np.ascontiguousarray(a, conv_dtype(problem))
-        b = np.ascontiguousarray(b, conv_dtype(problem))
+        a, b = conv_operand(a, problem), conv_operand(b, problem)
         arr, out = _result(prog, out_name)
         for t in plan:
             y = run_conv(t.problem, algo, a[t.src], b)
