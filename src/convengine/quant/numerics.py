@@ -1,7 +1,9 @@
 """Quantization numerics, bit for bit as PyTorch (fbgemm) and ONNX compute them.
 
 - :func:`quantize`: ``q = clamp(rint(fma(x, 1/scale, zp)))`` in float32 with the
-  reciprocal taken in float32 (torch.quantize_per_tensor, fbgemm's AVX2 path).
+  reciprocal taken in float32 (torch.quantize_per_tensor, fbgemm's AVX2 path);
+  :func:`quantize_per_channel` rounds the product and the sum apart
+  (``rint(f32(f32(x * inv) + zp))``, torch.quantize_per_channel).
 - :func:`dequantize`: ``(float32(q) - zp) * float32(scale)``.
 - :func:`requantize`: an int32 accumulator ``acc = sum (x_q - x_zp)(w_q - w_zp)``
   to 8 bits. ``bias_mode="float"`` (PyTorch CPU: fbgemm, and x86 where it uses fbgemm)::
@@ -86,10 +88,14 @@ def check_zero_point(
     return z64.reshape(()) if z64.ndim == 1 and z64.shape[0] == 1 else z64
 
 
-def _quantize(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _quantize(
+    x: np.ndarray, scale: np.ndarray, zp: np.ndarray, dtype: np.dtype, fused: bool
+) -> np.ndarray:
     inv = np.float32(1) / scale  # float32 reciprocal, as fbgemm
-    # fma(x, inv, zp) rounded once to float32: the float64 product is exact
-    t = (x.astype(np.float64) * inv.astype(np.float64) + zp).astype(np.float32)
+    if fused:  # fma(x, inv, zp) rounded once to float32: the float64 product is exact
+        t = (x.astype(np.float64) * inv.astype(np.float64) + zp).astype(np.float32)
+    else:  # float32 product, then float32 sum
+        t = (x * inv).astype(np.float32) + zp.astype(np.float32)
     lo, hi = dtype_range(dtype)
     return np.rint(np.clip(t, lo, hi)).astype(dtype)
 
@@ -104,19 +110,21 @@ def _float32_input(x: Any, name: str) -> np.ndarray:
 def quantize(x: Any, scale: float, zero_point: int, dtype: Any = np.uint8) -> np.ndarray:
     """Per-tensor affine quantization of float ``x`` to ``dtype`` (uint8, int8, int32).
 
-    Bit-exact with ``torch.quantize_per_tensor``: float32 ``x * (1/scale) + zp`` fused,
-    rounded half to even, clamped.
+    Bit-exact with ``torch.quantize_per_tensor`` for uint8/int8: float32
+    ``x * (1/scale) + zp`` fused, rounded half to even, clamped. (torch's qint32
+    quantize rounds differently on some ties; int32 here uses the same formula.)
     """
     dt = check_int_dtype(dtype, "dtype")
     s = check_scale(scale, "scale")
     z = check_zero_point(zero_point, "zero_point", dt)
-    return _quantize(_float32_input(x, "x"), s, z, dt)
+    return _quantize(_float32_input(x, "x"), s, z, dt, fused=True)
 
 
 def quantize_per_channel(
     x: Any, scales: Any, zero_points: Any, axis: int = 0, dtype: Any = np.int8
 ) -> np.ndarray:
-    """Per-channel quantization along ``axis`` (``torch.quantize_per_channel``)."""
+    """Per-channel quantization along ``axis``, bit-exact with ``torch.quantize_per_channel``
+    (float32 ``x * (1/scale[c])``, then ``+ zp[c]`` in float32, half to even, clamp)."""
     a = _float32_input(x, "x")
     if not -a.ndim <= axis < a.ndim:
         raise ConvSetupError(f"axis must be in [-{a.ndim}, {a.ndim}), got {axis}")
@@ -126,11 +134,13 @@ def quantize_per_channel(
     z = np.broadcast_to(check_zero_point(zero_points, "zero_points", dt, n), (n,))
     shape = [1] * a.ndim
     shape[axis] = n
-    return _quantize(a, s.reshape(shape), z.reshape(shape), dt)
+    return _quantize(a, s.reshape(shape), z.reshape(shape), dt, fused=False)
 
 
 def dequantize(q: Any, scale: Any, zero_point: Any, axis: int | None = None) -> np.ndarray:
-    """``(float32(q) - zp) * scale`` in float32; per-channel along ``axis`` if given."""
+    """Dequantize as torch does: per-tensor ``(float32(q) - zp) * float32(scale)`` in
+    float32; per-channel along ``axis`` ``(q - zp[c]) * scale[c]`` in float64, rounded
+    to float32 (``scale`` kept in float64 there, as torch stores it)."""
     a = np.asarray(q)
     if not np.issubdtype(a.dtype, np.integer):
         raise ConvSetupError(f"q must be an integer array, got dtype {a.dtype}")
@@ -144,6 +154,8 @@ def dequantize(q: Any, scale: Any, zero_point: Any, axis: int | None = None) -> 
         s = np.broadcast_to(check_scale(scale, "scale", n), (n,)).reshape(shape)
         z = np.broadcast_to(check_zero_point(zero_point, "zero_point", a.dtype, n), (n,))
         z = z.reshape(shape)
+        s64 = np.broadcast_to(np.asarray(scale, np.float64), (n,)).reshape(shape)
+        return ((a.astype(np.float64) - z) * s64).astype(np.float32)
     return (a.astype(np.float32) - z.astype(np.float32)) * s
 
 

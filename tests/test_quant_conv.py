@@ -1,0 +1,239 @@
+"""qconv against an int64 numpy reference (every kernel path) and PyTorch's engines.
+
+PyTorch: fbgemm computes the float32 formula of convengine.quant.numerics; the x86
+engine runs fbgemm when weight zero points are nonzero (symmetric weights go to
+oneDNN, whose float op order differs by 1 LSB on rare ties: tested apart, bounded).
+fbgemm's depthwise kernel saturates at 16 bits, so depthwise is compared with torch
+only on inputs small enough for torch to be exact; full range against int64.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import convengine
+from convengine import ConvSetupError, qconv
+from convengine.quant import HAS_VNNI, cpu
+from convengine.quant.numerics import apply_requant, requant_params
+
+PATHS = ["portable"] + (["vnni"] if HAS_VNNI else [])
+
+
+# ----------------------------------------------------------------- int64 reference
+
+
+def ref_acc(x, xzp, w, wzp, stride, padding, dilation, groups):
+    """Exact sum (x - xzp)(w - wzp) in int64, NCHW, any spatial rank."""
+    nd = x.ndim - 2
+    xd = x.astype(np.int64) - int(xzp)
+    wd = w.astype(np.int64) - np.broadcast_to(np.asarray(wzp), (w.shape[0],)).reshape(
+        -1, *(1,) * (nd + 1))
+    xd = np.pad(xd, ((0, 0), (0, 0), *[(p, p) for p in padding]))
+    n, c = xd.shape[:2]
+    o, cg = wd.shape[:2]
+    og = o // groups
+    out = [(xd.shape[2 + i] - dilation[i] * (wd.shape[2 + i] - 1) - 1) // stride[i] + 1
+           for i in range(nd)]
+    acc = np.zeros((n, o, *out), np.int64)
+    for off in itertools.product(*(range(k) for k in wd.shape[2:])):
+        sl = tuple(slice(k * d, k * d + s * (m - 1) + 1, s)
+                   for k, d, s, m in zip(off, dilation, stride, out, strict=True))
+        patch = xd[(slice(None), slice(None), *sl)]
+        for g in range(groups):
+            acc[:, g * og:(g + 1) * og] += np.einsum(
+                "nc...,oc->no...", patch[:, g * cg:(g + 1) * cg],
+                wd[(slice(g * og, (g + 1) * og), slice(None), *off)])
+    return acc
+
+
+def assert_equal_q(got, want, what=""):
+    """Bit-exact comparison that names the first mismatch."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    bad = np.argwhere(got.astype(np.int64) != want.astype(np.int64))
+    assert bad.size == 0, (
+        f"{what}: {len(bad)} of {got.size} differ; first at {tuple(bad[0])}: "
+        f"{got[tuple(bad[0])]} != {want[tuple(bad[0])]}")
+
+
+def test_assert_equal_q_can_fail():
+    with pytest.raises(AssertionError):
+        assert_equal_q(np.array([1, 2], np.uint8), np.array([1, 3], np.uint8))
+
+
+# ----------------------------------------------------------------- sampled problems
+
+CASES = [
+    # ndim, N, C, O, size, kernel, stride, pad, dil, groups, x dtype, w dtype, per_channel
+    (2, 2, 16, 24, 9, 3, 1, 1, 1, 1, "uint8", "int8", True),
+    (2, 1, 12, 70, 8, 3, 2, 1, 2, 1, "int8", "uint8", False),
+    (2, 2, 8, 8, 7, 3, 1, 1, 1, 8, "uint8", "int8", True),
+    (2, 1, 12, 6, 6, 1, 1, 0, 1, 3, "int8", "int8", True),
+    (2, 1, 7, 9, 5, 2, 1, 0, 1, 1, "uint8", "int8", False),
+    (2, 1, 64, 130, 5, 1, 1, 0, 1, 1, "uint8", "int8", True),
+    (1, 3, 10, 20, 11, 3, 2, 2, 1, 2, "uint8", "int8", True),
+    (1, 2, 6, 6, 9, 5, 1, 2, 2, 6, "int8", "int8", False),
+    (3, 1, 8, 12, 5, 3, 1, 1, 1, 1, "uint8", "int8", True),
+    (3, 2, 6, 6, 4, 2, 2, 1, 1, 6, "uint8", "uint8", True),
+    (3, 1, 4, 8, 5, (1, 3, 2), (1, 2, 1), 1, (2, 1, 1), 2, "int8", "int8", False),
+]
+
+
+def _make(case, rng):
+    nd, n, c, o, size, k, s, p, d, g, xdt, wdt, per_channel = case
+    tup = lambda v: (v,) * nd if isinstance(v, int) else tuple(v)  # noqa: E731
+    xi, wi = np.iinfo(xdt), np.iinfo(wdt)
+    x = rng.integers(xi.min, xi.max + 1, (n, c, *tup(size))).astype(xdt)
+    w = rng.integers(wi.min, wi.max + 1, (o, c // g, *tup(k))).astype(wdt)
+    xzp = int(rng.integers(xi.min, xi.max + 1))
+    lo, hi = (-20, 20) if wdt == "int8" else (100, 160)
+    wzp = rng.integers(lo, hi, o) if per_channel else int(rng.integers(lo, hi))
+    ws = rng.uniform(1e-3, 2e-2, o) if per_channel else float(rng.uniform(1e-3, 2e-2))
+    conv_args = dict(stride=tup(s), padding=tup(p), dilation=tup(d), groups=g)
+    return x, xzp, w, wzp, ws, conv_args
+
+
+def _case_id(c):
+    return f"{c[0]}d-C{c[2]}-O{c[3]}-g{c[9]}-{c[10]}x{c[11]}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("path", PATHS + ["depthwise"])
+def test_against_int64_reference(case, path):
+    rng = np.random.default_rng(hash(case) % 2**32)
+    x, xzp, w, wzp, ws, conv_args = _make(case, rng)
+    g, c, o = conv_args["groups"], x.shape[1], w.shape[0]
+    if path == "depthwise" and not (g == c == o):
+        pytest.skip("depthwise kernel serves groups == C == O only")
+    acc = ref_acc(x, xzp, w, wzp, **{k: v for k, v in conv_args.items()})
+    raw = qconv(x, 0.02, xzp, w, ws, wzp, out_dtype=np.int32, algo=path, **conv_args)
+    assert_equal_q(raw, acc, "raw accumulator")
+    bias = rng.normal(0, 50, o).astype(np.float32)
+    for relu, out_dtype, mode in [(False, np.uint8, "float"), (True, np.int8, "float"),
+                                  (True, np.uint8, "int32")]:
+        b = bias if mode == "float" else np.round(bias * 100).astype(np.int32)
+        want = apply_requant(np.moveaxis(acc, 1, -1).astype(np.int32),
+                             requant_params(0.02, ws, 0.7, 3, o, b, out_dtype=out_dtype,
+                                            relu=relu, bias_mode=mode), out_dtype)
+        y = qconv(x, 0.02, xzp, w, ws, wzp, b, out_scale=0.7, out_zero_point=3,
+                  out_dtype=out_dtype, relu=relu, bias_mode=mode, algo=path, **conv_args)
+        assert y.dtype == out_dtype
+        assert_equal_q(y, np.moveaxis(want, -1, 1), f"requantized relu={relu} {mode}")
+
+
+def test_nhwc_layout_matches_nchw():
+    rng = np.random.default_rng(3)
+    x, xzp, w, wzp, ws, conv_args = _make(CASES[0], rng)
+    args = dict(out_scale=0.5, out_zero_point=100, **conv_args)
+    y = qconv(x, 0.02, xzp, w, ws, wzp, **args)
+    y_nhwc = qconv(np.moveaxis(x, 1, -1), 0.02, xzp, np.moveaxis(w, 1, -1), ws, wzp,
+                   layout="NHWC", **args)
+    assert_equal_q(np.moveaxis(y_nhwc, -1, 1), y, "NHWC vs NCHW")
+
+
+def test_full_range_depthwise_is_exact():
+    """Inputs where fbgemm's 16-bit depthwise saturates: we stay exact."""
+    rng = np.random.default_rng(4)
+    x = np.where(rng.random((2, 32, 10, 10)) < 0.5, 0, 255).astype(np.uint8)
+    w = np.full((32, 1, 3, 3), -128, np.int8)
+    w[:, :, 1, 1] = 127
+    for path in PATHS + ["depthwise"]:
+        raw = qconv(x, 0.1, 0, w, 0.1, 0, out_dtype=np.int32, padding=1, groups=32, algo=path)
+        assert_equal_q(raw, ref_acc(x, 0, w, 0, (1, 1), (1, 1), (1, 1), 32), path)
+
+
+def test_weights_changed_in_place_are_repacked():
+    rng = np.random.default_rng(5)
+    x, xzp, w, wzp, ws, conv_args = _make(CASES[0], rng)
+    first = qconv(x, 0.02, xzp, w, ws, wzp, out_dtype=np.int32, **conv_args)
+    w[0, 0, 0, 0] ^= 0x55
+    second = qconv(x, 0.02, xzp, w, ws, wzp, out_dtype=np.int32, **conv_args)
+    assert_equal_q(second, ref_acc(x, xzp, w, wzp, **conv_args), "after in-place change")
+    assert not np.array_equal(first, second)
+
+
+def test_forced_portable_path(monkeypatch):
+    monkeypatch.setattr(cpu, "_forced", "auto")
+    cpu.set_int8_path("portable")
+    try:
+        assert cpu.int8_path() == "portable"
+        assert convengine.quant.api.choose_algo(
+            convengine.quant.api.make_problem("forward", (1, 4, 5, 5), (4, 4, 3, 3),
+                                              dtype="uint8"), "auto") == "portable"
+    finally:
+        cpu.set_int8_path("auto")
+    with pytest.raises(ConvSetupError, match="int8 path"):
+        cpu.set_int8_path("fast")
+
+
+def test_env_var_forces_portable(tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, CONVENGINE_INT8_PATH="portable")
+    code = "import convengine.quant as q; print(q.int8_path())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "portable"
+
+
+# ----------------------------------------------------------------- errors
+
+
+def _ok_args():
+    x = np.zeros((1, 4, 5, 5), np.uint8)
+    w = np.zeros((6, 4, 3, 3), np.int8)
+    return [x, 0.1, 0, w, 0.1, 0], dict(out_scale=0.2, out_zero_point=0)
+
+
+@pytest.mark.parametrize("change, match", [
+    ((1, -0.1), "x_scale must be finite and > 0"),
+    ((1, float("nan")), "x_scale must be finite"),
+    ((2, 256), r"x_zero_point must lie in \[0, 255\]"),
+    ((4, np.ones(5)), "w_scale must be a scalar or 6 values"),
+    ((5, np.zeros(7, np.int64)), "w_zero_point must be a scalar or 6 values"),
+    ((5, 200), r"w_zero_point must lie in \[-128, 127\]"),
+    ((0, np.zeros((1, 4, 5, 5), np.float32)), "x_q must be an integer array"),
+    ((3, np.zeros((6, 4, 3, 3), np.int16)), "w_q must be an integer array of dtype int8"),
+    ((3, np.zeros((6, 3, 3, 3), np.int8)), "channel mismatch"),
+])
+def test_errors_name_the_argument(change, match):
+    args, kwargs = _ok_args()
+    args[change[0]] = change[1]
+    with pytest.raises(ConvSetupError, match=match):
+        qconv(*args, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(out_scale=0.0), "out_scale must be finite and > 0"),
+    (dict(out_zero_point=-1), "out_zero_point must lie in"),
+    (dict(out_dtype=np.float32), "out_dtype must be one of"),
+    (dict(out_dtype=np.int32, relu=True), "relu=True needs an 8-bit out_dtype"),
+    (dict(bias_mode="double"), "bias_mode must be one of"),
+    (dict(algo="fast"), "unknown algo"),
+    (dict(algo="depthwise"), "algo='depthwise' needs groups"),
+    (dict(out_scale=None), "out_scale and out_zero_point are required"),
+])
+def test_option_errors(kwargs, match):
+    args, base = _ok_args()
+    with pytest.raises(ConvSetupError, match=match):
+        qconv(*args, **{**base, **kwargs})
+
+
+def test_bias_errors():
+    args, kwargs = _ok_args()
+    with pytest.raises(ConvSetupError, match="bias must be a float array"):
+        qconv(*args, np.zeros(6, np.int32), **kwargs)
+    with pytest.raises(ConvSetupError, match="bias must be an int32 array"):
+        qconv(*args, np.zeros(6, np.float32), bias_mode="int32", **kwargs)
+    with pytest.raises(ConvSetupError, match=r"bias has shape \(5,\), expected \(6,\)"):
+        qconv(*args, np.zeros(5, np.float32), **kwargs)
+
+
+def test_empty_batch():
+    args, kwargs = _ok_args()
+    args[0] = np.zeros((0, 4, 5, 5), np.uint8)
+    assert qconv(*args, **kwargs).shape == (0, 6, 3, 3)
