@@ -248,3 +248,91 @@ def test_small_cnn_trains_like_pytorch():
     assert losses["ref"][-1] != losses["ref"][0]  # it did train
     for p_ref, p_mine in zip(ref.parameters(), mine.parameters(), strict=True):
         assert_close(p_mine, p_ref, 1e-4, 1e-5)
+
+
+# ------------------------------------------------------------------ quantized
+
+QUANT_CASES = [
+    pytest.param(dict(stride=1, padding=1, dilation=1, groups=1), "per_tensor", False,
+                 id="per-tensor"),
+    pytest.param(dict(stride=2, padding=(1, 0), dilation=1, groups=2), "per_channel", True,
+                 id="per-channel-groups-relu"),
+    pytest.param(dict(stride=(1, 2), padding=2, dilation=2, groups=1), "per_channel", False,
+                 id="per-channel-dilated"),
+]
+
+
+def _torch_qconv(geometry, scheme, relu, seed=0):
+    """PyTorch's quantized Conv2d/ConvReLU2d with random int8 weights and float bias."""
+    import torch.ao.nn.intrinsic.quantized as nniq
+    import torch.ao.nn.quantized as nnq
+
+    g = torch.Generator().manual_seed(seed)
+    c_in, c_out, groups = 8, 6, geometry["groups"]
+    w = torch.randn(c_out, c_in // groups, 3, 3, generator=g) * 0.2
+    if scheme == "per_tensor":
+        wq = torch.quantize_per_tensor(w, 0.004, 0, torch.qint8)
+    else:
+        scales = torch.rand(c_out, generator=g, dtype=torch.float64) * 0.004 + 0.001
+        wq = torch.quantize_per_channel(w, scales, torch.zeros(c_out, dtype=torch.long), 0,
+                                        torch.qint8)
+    mod = (nniq.ConvReLU2d if relu else nnq.Conv2d)(c_in, c_out, 3, **geometry)
+    mod.set_weight_bias(wq, torch.randn(c_out, generator=g))
+    mod.scale, mod.zero_point = 0.07, 60
+    x = torch.quantize_per_tensor(torch.randn(2, c_in, 9, 10, generator=g), 0.03, 120,
+                                  torch.quint8)
+    return mod, x
+
+
+@pytest.mark.parametrize("engine", ["x86", "fbgemm"])
+@pytest.mark.parametrize("geometry,scheme,relu", QUANT_CASES)
+def test_qconv2d_bit_exact_with_pytorch(engine, geometry, scheme, relu):
+    if engine not in torch.backends.quantized.supported_engines:
+        pytest.skip(f"PyTorch lacks the {engine} quantized engine here")
+    previous = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        mod, x = _torch_qconv(geometry, scheme, relu)
+        expected = mod(x)
+    finally:
+        torch.backends.quantized.engine = previous
+    mine = cet.QConv2d.from_quantized(mod)
+    y = mine(x)
+    assert (y.q_scale(), y.q_zero_point(), y.dtype) == (0.07, 60, torch.quint8)
+    assert torch.equal(y.int_repr(), expected.int_repr()), (
+        f"{int((y.int_repr() != expected.int_repr()).sum())} of {y.numel()} values differ"
+    )
+    assert expected.int_repr().float().std() > 5  # a test on non-trivial output
+
+
+def test_qconv2d_from_observed_float_model_matches_convert():
+    from torch.ao.quantization import DeQuantStub, QuantStub, convert, fuse_modules, prepare
+
+    torch.manual_seed(0)
+    model = nn.Sequential(QuantStub(), nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), DeQuantStub())
+    model.eval()
+    model = fuse_modules(model, [["1", "2"]])
+    model.qconfig = torch.ao.quantization.get_default_qconfig("x86")
+    prepared = prepare(model)
+    for _ in range(3):
+        prepared(torch.randn(2, 4, 8, 8))
+    mine = cet.QConv2d.from_float(prepared[1])
+    converted = convert(copy.deepcopy(prepared))
+    xq = converted[0](torch.randn(2, 4, 8, 8))
+    assert mine.relu
+    assert torch.equal(mine(xq).int_repr(), converted[1](xq).int_repr())
+
+
+def test_qconv2d_from_plain_float_conv_and_errors():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3)
+    with pytest.raises(ValueError, match="scale and zero_point"):
+        cet.QConv2d.from_float(conv)
+    mine = cet.QConv2d.from_float(conv, scale=0.05, zero_point=10)
+    x = torch.randn(1, 3, 6, 6)
+    xq = torch.quantize_per_tensor(x, 0.02, 128, torch.quint8)
+    y = mine(xq).dequantize()
+    # int8 weights, 8-bit activations: the float conv within a few output steps
+    assert_close(y, conv(xq.dequantize()).detach().clamp(-0.5, 12.25), 0, 0.2)
+    with pytest.raises(TypeError, match="quantized tensor"):
+        mine(x)
