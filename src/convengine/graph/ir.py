@@ -409,10 +409,11 @@ class Graph:
     # ------------------------------------------------------------ description
 
     def key(self, **flags: Any) -> GraphKey:
-        """The canonical description of the validated graph plus build ``flags``."""
+        """Validate, then the canonical description of the graph plus build ``flags``."""
+        self.validate()
         tensors = []
         for t in self.tensors.values():
-            assert t.shape is not None, "validate() first"
+            assert t.shape is not None
             tensors.append({
                 "name": t.name, "shape": list(t.shape), "strides": list(dense_strides(t.shape)),
                 "dtype": t.dtype, "layout": t.layout, "alignment": t.alignment,

@@ -180,14 +180,12 @@ def build_plan(graph: Graph, policy: str = "heuristic", *, deterministic: bool =
     """Validate ``graph`` and return its plan from ``cache`` (default: the shared one)."""
     if policy not in POLICIES:
         raise ConvSetupError(f"unknown policy {policy!r}; expected one of {POLICIES}")
-    graph.validate()
     flags = {"policy": policy, "deterministic": bool(deterministic),
              "allow_reduced_precision": bool(allow_reduced_precision)}
     key = graph.key(**flags)
-    prog = Program.from_graph(graph)
     cache = DEFAULT_CACHE if cache is None else cache
     return cache.get_or_build(
-        key, lambda: _make_plan(key, prog, policy, bool(deterministic),
+        key, lambda: _make_plan(key, Program.from_graph(graph), policy, bool(deterministic),
                                 bool(allow_reduced_precision)))
 
 
