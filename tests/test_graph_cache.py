@@ -124,7 +124,9 @@ def test_threads_hammering_the_cache(maxsize):
         g.validate()
         inputs.append({name: rng.standard_normal(t.shape).astype(np.float32)
                        for name, t in g.tensors.items() if not t.is_virtual})
-    expected = [make(s)[0].build(cache=PlanCache()).execute(i) for s, i in zip(specs, inputs)]
+    expected = [
+        make(s)[0].build(cache=PlanCache()).execute(i) for s, i in zip(specs, inputs, strict=True)
+    ]
     seen: list[set[int]] = [set() for _ in specs]
     errors: list[BaseException] = []
     start = threading.Barrier(8)
