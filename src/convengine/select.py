@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import registry, tune
+from . import registry
 from .errors import ConvSetupError
 from .problem import ConvProblem
 from .registry import Algorithm
+from .tune import tuner
 
 # Preference of the heuristic, best first; names not registered are skipped and
 # registered names missing here come just before "reference".
@@ -48,7 +49,7 @@ def resolve(problem: ConvProblem, algo: str = "auto") -> Algorithm:
     if not isinstance(algo, str):
         raise TypeError(f"algo must be a string ('auto' or an algorithm name), got {algo!r}")
     if algo == "auto":
-        return tune.choose(problem) or heuristic(problem)
+        return tuner.choose(problem) or heuristic(problem)
     chosen = registry.get(algo, problem.pass_)
     reason = chosen.supports(problem)
     if reason is not None:
@@ -95,6 +96,6 @@ def explain_problem(problem: ConvProblem) -> Explanation:
             space[algo.name] = algo.workspace_bytes(problem)
         else:
             refused[algo.name] = reason
-    tuned, source, timings = tune.explain_choice(problem)  # never benchmarks
+    tuned, source, timings = tuner.explain_choice(problem)  # never benchmarks
     chosen = (tuned or heuristic(problem)).name
     return Explanation(problem, chosen, tuple(supported), refused, space, source, timings)

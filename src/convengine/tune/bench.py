@@ -4,7 +4,7 @@ Inputs are random canonical operands (channels-last, compute dtype) built from t
 problem alone, so the tuner needs no kernel internals: only ``Algorithm.run``,
 ``supports`` and ``accuracy``. Each candidate runs once untimed (warm-up: numba
 compilation, first-touch), its output is checked (shape, finite, agreement with
-the most accurate candidate), then rounds run interleaved (A B C A B C ...) and a
+the other candidates' consensus), then rounds run interleaved (A B C A B C ...) and a
 candidate whose median is over ``ELIMINATE`` times the best is dropped (after the
 first round, only over ``ELIMINATE_FIRST``); timing stops when one is left.
 """
@@ -63,6 +63,28 @@ def _check(problem: ConvProblem, out: Any) -> str | None:
     return None
 
 
+def _disagreements(
+    outputs: dict[str, np.ndarray], accuracy: Mapping[str, int]
+) -> dict[str, Result]:
+    """Failures for outputs far from the consensus: the output that agrees with the
+    most others (ties: the more accurate algorithm) is taken as the truth."""
+    names = list(outputs)
+    norms = {n: float(np.linalg.norm(outputs[n])) for n in names}
+
+    def distance(a: str, b: str) -> float:
+        diff = float(np.linalg.norm(outputs[a] - outputs[b]))
+        return diff / max(norms[a], norms[b], 1e-30)
+
+    dist = {(a, b): distance(a, b) for i, a in enumerate(names) for b in names[i + 1:]}
+    dist.update({(b, a): d for (a, b), d in list(dist.items())})
+    votes = {a: sum(dist[a, b] <= DISAGREE for b in names if b != a) for a in names}
+    truth = max(names, key=lambda n: (votes[n], accuracy[n]))
+    return {
+        n: {"error": f"disagrees with {truth}: relative error {dist[n, truth]:.2e}"}
+        for n in names if n != truth and dist[n, truth] > DISAGREE
+    }
+
+
 def benchmark(problem: ConvProblem, candidates: Sequence[Algorithm]) -> dict[str, Result]:
     """Warm up, check and time each candidate; one :data:`Result` per name."""
     a, b = operands(problem)
@@ -79,15 +101,7 @@ def benchmark(problem: ConvProblem, candidates: Sequence[Algorithm]) -> dict[str
             results[algo.name] = {"error": reason}
         else:
             outputs[algo.name] = out
-    if outputs:
-        accuracy = {c.name: c.accuracy for c in candidates}
-        ref_name = max(outputs, key=lambda n: accuracy[n])  # first of the most accurate
-        ref = outputs[ref_name].astype(np.float64)
-        scale = max(float(np.linalg.norm(ref)), 1e-30)
-        for name, out in outputs.items():
-            dist = float(np.linalg.norm(out.astype(np.float64) - ref)) / scale
-            if dist > DISAGREE:
-                results[name] = {"error": f"disagrees with {ref_name}: relative error {dist:.2e}"}
+    results.update(_disagreements(outputs, {c.name: c.accuracy for c in candidates}))
     del outputs
     alive = [c for c in candidates if c.name not in results]
     times: dict[str, list[float]] = {c.name: [] for c in alive}

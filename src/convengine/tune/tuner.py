@@ -68,7 +68,8 @@ def ident(problem: ConvProblem) -> Ident:
 
 
 def _accuracy(pass_: str) -> dict[str, int]:
-    return {a.name: a.accuracy for a in registry.all_for(pass_)}
+    """Tie-break score: ``accuracy``, then exact before inexact at equal accuracy."""
+    return {a.name: 2 * a.accuracy + a.exact for a in registry.all_for(pass_)}
 
 
 def pick(entry: Entry, problem: ConvProblem) -> Algorithm | None:

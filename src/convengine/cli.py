@@ -1,0 +1,467 @@
+"""The ``convengine`` command: bench, tune, cache, explain.
+
+    convengine bench [--suite resnet50] [--pass fwd,bwd_data,bwd_weight] [--compare torch]
+    convengine tune --suite all
+    convengine cache show | clear | export FILE | import FILE [--force]
+    convengine explain --x 8,64,56,56 --w 64,64,3,3 --padding 1
+
+Tables go to stdout, progress bars to stderr (on a terminal, unless ``--quiet``);
+``--json FILE`` writes the results as JSON (``-``: to stdout, instead of the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
+from statistics import median
+from typing import Any
+
+import numpy as np
+
+from . import api, select, suites
+from ._version import __version__
+from .errors import ConvSetupError
+from .problem import PASSES, ConvProblem, make_problem
+from .tune import bench as tune_bench
+from .tune import keys, transfer, tuner
+
+_NUMBER = re.compile(r"^-?[\d.,]+x?$|^-$")
+PASS_ALIASES = {"fwd": "forward", "bwd_data": "backward_data", "bwd_weight": "backward_weight",
+                **{p: p for p in PASSES}}
+SHORT = {"forward": "fwd", "backward_data": "bwd_data", "backward_weight": "bwd_weight"}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _passes(text: str) -> list[str]:
+    out = []
+    for item in text.split(","):
+        if item.strip() not in PASS_ALIASES:
+            raise ConvSetupError(
+                f"--pass: unknown pass {item!r}; expected a comma-separated list of "
+                f"fwd, bwd_data, bwd_weight"
+            )
+        out.append(PASS_ALIASES[item.strip()])
+    return out
+
+
+def _ints(text: str, name: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ConvSetupError(f"{name} must be comma-separated ints, got {text!r}") from None
+
+
+def _spatial(text: str, name: str) -> int | tuple[int, ...]:
+    """'2' -> 2 (every dim), '2,1' -> (2, 1)."""
+    values = _ints(text, name)
+    return values[0] if len(values) == 1 else values
+
+
+def _padding(text: str) -> Any:
+    """'1', '1,2', '1:2,0:1' (lo:hi per dim), 'same', 'same_lower' or 'valid'."""
+    if text.lower() in ("same", "same_lower", "valid"):
+        return text.lower()
+    items = text.split(",")
+    if any(":" in i for i in items):
+        return tuple(_ints(i.replace(":", ","), "--padding") for i in items)
+    return _spatial(text, "--padding")
+
+
+def _emit_json(path: str | None, document: Any) -> None:
+    if path is None:
+        return
+    text = json.dumps(document, indent=1, sort_keys=True, default=str)
+    if path == "-":
+        print(text)
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+
+
+def _progress(items: Sequence[Any], args: argparse.Namespace, desc: str) -> Iterable[Any]:
+    if args.quiet or not sys.stderr.isatty():
+        return items
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=desc, unit="layer", file=sys.stderr, leave=False)
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    for r in rows:  # numbers right-aligned, text left-aligned
+        cells = [c.rjust(w) if _NUMBER.match(c) else c.ljust(w)
+                 for c, w in zip(r, widths, strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _set_threads(n: int) -> None:
+    """Fix numba's thread count (BLAS is left to its environment variables)."""
+    import numba
+
+    numba.set_num_threads(max(1, min(n, getattr(numba.config, "NUMBA_NUM_THREADS", n))))
+
+
+def _layers(args: argparse.Namespace) -> list[suites.Layer]:
+    layers = suites.suite(args.suite, args.batch)
+    if args.layers:
+        layers = [la for la in layers if args.layers in la.name]
+        if not layers:
+            raise ConvSetupError(
+                f"--layers {args.layers!r} matches no layer of suite {args.suite!r}"
+            )
+    return layers
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def _convengine_call(problem: ConvProblem, a: np.ndarray, b: np.ndarray,
+                     algo: str) -> Callable[[], Any]:
+    """The public API call of the problem's pass on channels-last arrays."""
+    kw: dict[str, Any] = {
+        "stride": problem.stride, "padding": problem.padding, "dilation": problem.dilation,
+        "groups": problem.groups, "layout": "NHWC", "algo": algo,
+    }
+    if problem.pass_ == "forward":
+        return lambda: api.conv(a, b, **kw)
+    if problem.pass_ == "backward_data":
+        return lambda: api.conv_backward_data(a, b, problem.x_shape("NHWC"), **kw)
+    return lambda: api.conv_backward_weight(a, b, problem.w_shape("NHWC"), **kw)
+
+
+def _torch_calls(problem: ConvProblem, a: np.ndarray,
+                 b: np.ndarray) -> dict[str, Callable[[], Any]]:
+    """PyTorch's call of the problem's pass, NCHW and channels-last; {} if PyTorch
+    cannot express it (asymmetric padding)."""
+    import torch
+    from torch.nn import grad
+
+    if any(lo != hi for lo, hi in problem.padding):
+        return {}
+    nd = problem.ndim
+    conv = (torch.nn.functional.conv1d, torch.nn.functional.conv2d,
+            torch.nn.functional.conv3d)[nd - 1]
+    grad_input = (grad.conv1d_input, grad.conv2d_input, grad.conv3d_input)[nd - 1]
+    grad_weight = (grad.conv1d_weight, grad.conv2d_weight, grad.conv3d_weight)[nd - 1]
+    geometry = (problem.stride, tuple(lo for lo, _ in problem.padding), problem.dilation,
+                problem.groups)
+    first = torch.from_numpy(np.ascontiguousarray(np.moveaxis(a, -1, 1)))
+    second = torch.from_numpy(np.ascontiguousarray(np.moveaxis(b, -1, 1)))
+    formats = {"NCHW": torch.contiguous_format}
+    if nd in (2, 3):
+        formats["channels_last"] = torch.channels_last if nd == 2 else torch.channels_last_3d
+    calls: dict[str, Callable[[], Any]] = {}
+    for label, fmt in formats.items():
+        t1, t2 = first.contiguous(memory_format=fmt), second.contiguous(memory_format=fmt)
+        if problem.pass_ == "forward":
+            calls[label] = partial(conv, t1, t2, None, *geometry)
+        elif problem.pass_ == "backward_data":
+            calls[label] = partial(grad_input, problem.x_shape("NCHW"), t2, t1, *geometry)
+        else:
+            calls[label] = partial(grad_weight, t1, problem.w_shape("NCHW"), t2, *geometry)
+    return calls
+
+
+def _interleaved(calls: dict[str, Callable[[], Any]], rounds: int,
+                 budget_s: float) -> dict[str, float]:
+    """Median seconds of each call, timed in interleaved rounds after one warm-up."""
+    for fn in calls.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    start = time.perf_counter()
+    for r in range(rounds):
+        for name, fn in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+        if r >= 2 and time.perf_counter() - start > budget_s:
+            break
+    return {k: median(v) for k, v in times.items()}
+
+
+def _bench_one(layer: suites.Layer, pass_: str, args: argparse.Namespace,
+               suite_name: str) -> dict[str, Any]:
+    problem = layer.problem(pass_, layout="NHWC")
+    result = tuner.tune_problem(problem, force=args.retune)
+    row: dict[str, Any] = {
+        "suite": suite_name, "layer": layer.name, "pass": SHORT[pass_], "count": layer.count,
+        "problem": problem.describe(), "gflop": problem.flops / 1e9, "algo": result.choice,
+        "tuning": result.source, "candidates": result.results,
+    }
+    if result.choice is None:
+        return row
+    a, b = tune_bench.operands(problem)
+    calls = {"convengine": _convengine_call(problem, a, b, result.choice)}
+    if args.compare == "torch":
+        import torch
+
+        with torch.inference_mode():
+            torch_calls = _torch_calls(problem, a, b)
+            calls.update({f"torch {k}": f for k, f in torch_calls.items()})
+            medians = _interleaved(calls, args.rounds, args.budget)
+            if torch_calls:
+                mine = np.asarray(calls["convengine"](), dtype=np.float64)
+                theirs = calls["torch NCHW"]().double().numpy()
+                theirs = np.moveaxis(theirs, 1, -1)
+                scale = max(float(np.linalg.norm(theirs)), 1e-30)
+                row["rel_err_vs_torch"] = float(np.linalg.norm(mine - theirs)) / scale
+    else:
+        medians = _interleaved(calls, args.rounds, args.budget)
+    row["median_s"] = medians["convengine"]
+    row["gflops"] = problem.flops / medians["convengine"] / 1e9
+    torch_times = {k[6:]: v for k, v in medians.items() if k.startswith("torch ")}
+    if torch_times:
+        best = min(torch_times, key=lambda k: torch_times[k])
+        row["torch_median_s"], row["torch_layout"] = torch_times[best], best
+        row["torch_medians_s"] = torch_times
+        row["ratio"] = torch_times[best] / medians["convengine"]
+    return row
+
+
+def _fmt_ms(s: float | None) -> str:
+    return "-" if s is None else f"{s * 1e3:.2f}"
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    _set_threads(args.threads)
+    if args.compare == "torch":
+        try:
+            import torch
+        except ImportError:
+            raise ConvSetupError(
+                "--compare torch needs PyTorch: pip install 'convengine[torch]'"
+            ) from None
+        torch.set_num_threads(args.threads)
+    passes, layers = _passes(args.pass_), _layers(args)
+    work = [(la, p) for la in layers for p in passes]
+    rows = [_bench_one(la, p, args, args.suite)
+            for la, p in _progress(work, args, f"bench {args.suite}")]
+    timed = [r for r in rows if "median_s" in r]
+    total = {"convengine_s": sum(r["median_s"] * r["count"] for r in timed)}
+    compared = [r for r in timed if "ratio" in r]
+    if compared:
+        total["torch_s"] = sum(r["torch_median_s"] * r["count"] for r in compared)
+        total["convengine_compared_s"] = sum(r["median_s"] * r["count"] for r in compared)
+        total["ratio"] = total["torch_s"] / total["convengine_compared_s"]
+        total["geomean_ratio"] = math.exp(sum(math.log(r["ratio"]) for r in compared)
+                                          / len(compared))
+    document = {"convengine": __version__, "host": keys.host_signature(),
+                "threads": args.threads, "suite": args.suite, "rows": rows, "total": total}
+    _emit_json(args.json, document)
+    if args.json != "-":
+        print(_bench_report(rows, total, args))
+    return 0
+
+
+def _bench_report(rows: list[dict[str, Any]], total: dict[str, float],
+                  args: argparse.Namespace) -> str:
+    header = ["layer", "pass", "algo", "ms", "GFLOP/s"]
+    compare = any("ratio" in r for r in rows)
+    if compare:
+        header += ["torch ms", "torch layout", "vs torch"]
+    table = []
+    for r in rows:
+        cells = [r["layer"], r["pass"], r["algo"] or "FAILED", _fmt_ms(r.get("median_s")),
+                 f"{r['gflops']:.1f}" if "gflops" in r else "-"]
+        if compare:
+            cells += [_fmt_ms(r.get("torch_median_s")), r.get("torch_layout", "-"),
+                      f"{r['ratio']:.2f}x" if "ratio" in r else "-"]
+        table.append(cells)
+    lines = [f"convengine {__version__} bench: suite {args.suite}, {args.threads} threads, "
+             f"host {keys.host_signature()}", "convengine runs channels-last (NHWC) arrays"
+             + ("; PyTorch the faster of NCHW and channels-last" if compare else ""),
+             "", _table(table, header), ""]
+    line = f"network total (layers x their count): convengine {total['convengine_s'] * 1e3:.1f} ms"
+    if "ratio" in total:
+        line += (f", PyTorch {total['torch_s'] * 1e3:.1f} ms: {total['ratio']:.2f}x PyTorch's "
+                 f"speed (geometric mean per layer {total['geomean_ratio']:.2f}x)")
+    lines.append(line)
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- tune
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    _set_threads(args.threads)
+    problems = [la.problem(p, layout=args.layout) for la in _layers(args)
+                for p in _passes(args.pass_)]
+    results = tuner.tune(problems, force=args.force, progress=False if args.quiet else None)
+    rows: list[dict[str, Any]] = [
+        {"key": r.key, "choice": r.choice, "source": r.source, "median_s": r.median_s,
+         "problem": r.problem.describe(), "results": r.results}
+        for r in results
+    ]
+    _emit_json(args.json, {"cache": str(tuner.default_cache().path), "entries": rows})
+    if args.json != "-" and not args.quiet:
+        table = [[r["key"], r["choice"] or "FAILED", _fmt_ms(r["median_s"]), r["source"]]
+                 for r in rows]
+        print(_table(table, ["tuning key", "choice", "ms", "source"]))
+        fresh = sum(r["source"] == "tuned" for r in rows)
+        print(f"\n{fresh} tuned, {len(rows) - fresh} already cached; "
+              f"cache: {tuner.default_cache().path}")
+    return 0
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def _entry_cells(e: Any) -> str:
+    parts = []
+    for name, r in sorted(e.results.items(), key=lambda kv: kv[1].get("median_s", math.inf)):
+        parts.append(f"{name} {r['median_s'] * 1e3:.2f}" if "median_s" in r else f"{name} failed")
+    return ", ".join(parts)
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    cache = tuner.default_cache()
+    if args.action == "show":
+        host, version = keys.host_signature(), keys.version()
+        entries = cache.entries()
+
+        def stale(e: Any) -> bool:
+            return (e.host != host or e.version != version
+                    or e.candidates != keys.candidate_checksum(e.pass_))
+
+        _emit_json(args.json, {
+            "cache": str(cache.path), "host": host, "convengine": version,
+            "usable": cache.failure is None, "failure": cache.failure,
+            "entries": [{**e.to_json(), "stale": stale(e)} for e in entries],
+        })
+        if args.json != "-":
+            unusable = f" (unusable: {cache.failure})" if cache.failure else ""
+            print(f"cache: {cache.path}{unusable}")
+            print(f"host:  {host}\n")
+            table = [[e.key, e.choice, _fmt_ms(e.results[e.choice]["median_s"]),
+                      "stale" if stale(e) else "", _entry_cells(e)] for e in entries]
+            print(_table(table, ["tuning key", "choice", "ms", "", "candidates (ms)"])
+                  if table else "(no entries)")
+        return 0
+    if args.action == "clear":
+        print(cache.clear())
+        return 0
+    if args.action == "export":
+        n = transfer.export_cache(args.file)
+        print(f"exported {n} entries to {args.file}")
+        return 0
+    report = transfer.import_cache(args.file, force=args.force)
+    print(report)
+    return 0
+
+
+# --------------------------------------------------------------------------- explain
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    problem = make_problem(
+        PASS_ALIASES.get(args.pass_, args.pass_), _ints(args.x, "--x"), _ints(args.w, "--w"),
+        dtype=args.dtype, stride=_spatial(args.stride, "--stride"),
+        padding=_padding(args.padding), dilation=_spatial(args.dilation, "--dilation"),
+        groups=args.groups, layout=args.layout,
+    )
+    if args.tune:
+        tuner.tune_problem(problem)
+    ex = select.explain_problem(problem)
+    _emit_json(args.json, {
+        "problem": problem.describe(), "chosen": ex.chosen, "source": ex.source,
+        "supported": list(ex.supported), "refused": ex.refused,
+        "workspace_bytes": ex.workspace_bytes, "timings": ex.timings,
+    })
+    if args.json != "-":
+        print(ex)
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _common(p: argparse.ArgumentParser, json_help: str) -> None:
+    p.add_argument("--json", metavar="FILE", help=f"{json_help} as JSON to FILE ('-': stdout)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _suite_args(p: argparse.ArgumentParser, default_pass: str) -> None:
+    p.add_argument("--suite", default="resnet50", choices=[*suites.suite_names(), "all"],
+                   help="layer suite (default resnet50)")
+    p.add_argument("--pass", dest="pass_", default=default_pass,
+                   help=f"comma-separated passes: fwd,bwd_data,bwd_weight (default {default_pass})")
+    p.add_argument("--batch", type=int, help="batch size (default: the suite's, see suites.py)")
+    p.add_argument("--layers", metavar="TEXT", help="only layers whose name contains TEXT")
+    p.add_argument("--threads", type=int, default=2, help="numba threads (default 2)")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="convengine", description=__doc__.split("\n")[0])
+    top.add_argument("--version", action="version", version=f"convengine {__version__}")
+    sub = top.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("bench", help="tune and time a layer suite, optionally against PyTorch")
+    _suite_args(p, "fwd")
+    p.add_argument("--compare", choices=["torch"], help="also time PyTorch, interleaved")
+    p.add_argument("--rounds", type=int, default=7, help="timed rounds per layer (default 7)")
+    p.add_argument("--budget", type=float, default=1.0,
+                   help="seconds per layer after which timing stops (>= 3 rounds; default 1)")
+    p.add_argument("--retune", action="store_true", help="tune again even if cached")
+    _common(p, "results")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("tune", help="fill the tuning cache for a layer suite")
+    _suite_args(p, "fwd,bwd_data,bwd_weight")
+    p.add_argument("--layout", default="NCHW", choices=["NCHW", "NHWC"],
+                   help="the layout your calls use (part of the tuning key; default NCHW)")
+    p.add_argument("--force", action="store_true", help="tune again even if cached")
+    _common(p, "results")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("cache", help="show, clear, export or import the tuning cache")
+    p.add_argument("action", choices=["show", "clear", "export", "import"])
+    p.add_argument("file", nargs="?", help="JSON file for export / import")
+    p.add_argument("--force", action="store_true",
+                   help="import: take entries measured on another host as this host's")
+    _common(p, "show: the entries")
+    p.set_defaults(func=cmd_cache)
+
+    p = sub.add_parser("explain", help="the algorithm table for one problem")
+    p.add_argument("--x", required=True, help="input shape, e.g. 8,64,56,56")
+    p.add_argument("--w", required=True, help="weight shape, e.g. 64,64,3,3")
+    p.add_argument("--stride", default="1")
+    p.add_argument("--padding", default="0", help="1 | 1,2 | 1:2,0:1 | same | valid")
+    p.add_argument("--dilation", default="1")
+    p.add_argument("--groups", type=int, default=1)
+    p.add_argument("--layout", default="NCHW", choices=["NCHW", "NHWC"])
+    p.add_argument("--dtype", default="float32",
+                   choices=["float16", "bfloat16", "float32", "float64"])
+    p.add_argument("--pass", dest="pass_", default="forward",
+                   choices=sorted(PASS_ALIASES), help="default forward")
+    p.add_argument("--tune", action="store_true", help="tune the problem first")
+    _common(p, "the explanation")
+    p.set_defaults(func=cmd_explain)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if getattr(args, "action", None) in ("export", "import") and not args.file:
+        parser().error(f"cache {args.action} needs a FILE")
+    try:
+        return int(args.func(args))
+    except (ConvSetupError, ValueError, OSError) as exc:
+        print(f"convengine {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

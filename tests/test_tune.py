@@ -1,0 +1,433 @@
+"""The tuner in one process: keys, modes, choice, failure handling, the cache file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import convengine as ce
+from convengine import registry
+from convengine.errors import ConvSetupError
+from convengine.tune import bench, cache, keys, transfer, tuner
+from convengine.tune.keys import bucket, tuning_key
+from oracle import assert_close
+from test_tune_helpers import fast_registry, operands, problem
+
+
+@pytest.fixture(autouse=True)
+def tuning(tmp_path, monkeypatch):
+    """Tuning on, a private cache directory, numpy-only candidates; restored after."""
+    monkeypatch.setenv("CONVENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    for pass_, table in fast_registry().items():
+        monkeypatch.setitem(registry._REGISTRY, pass_, table)
+    previous = ce.set_tuning("on")
+    yield tmp_path / "cache"
+    ce.set_tuning(previous)
+
+
+@pytest.fixture
+def count_benchmarks(monkeypatch):
+    """Counts calls of the benchmark loop (still runs it)."""
+    calls = []
+    real = bench.benchmark
+
+    def counting(p, candidates):
+        calls.append(p)
+        return real(p, candidates)
+
+    monkeypatch.setattr(bench, "benchmark", counting)
+    return calls
+
+
+@pytest.fixture
+def no_benchmark(monkeypatch):
+    def refuse(p, candidates):
+        raise AssertionError("benchmarked although it must not")
+
+    monkeypatch.setattr(bench, "benchmark", refuse)
+
+
+def expected_conv(x, w, **kw):
+    return ce.conv(x.astype(np.float64), w.astype(np.float64), algo="reference", **kw)
+
+
+def tuning_warnings(record):
+    return [w for w in record if issubclass(w.category, ce.TuningCacheWarning)]
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def test_bucket_rounds_up_to_powers_of_two():
+    assert [bucket(n) for n in (0, 1, 2, 3, 5, 56, 64, 65, 1000)] == [
+        0, 1, 2, 4, 8, 64, 64, 128, 1024]
+
+
+def test_key_buckets_sizes_and_keeps_geometry_exact():
+    base = tuning_key(problem(batch=3, c=6, o=5, size=7))
+    assert tuning_key(problem(batch=4, c=8, o=8, size=8)) == base
+    assert (base.batch, base.in_channels, base.out_channels, base.in_size) == (4, 8, 8, (8, 8))
+    different = {
+        "kernel": problem(k=5, padding=1),
+        "stride": problem(stride=2),
+        "padding": problem(padding=0),
+        "dilation": problem(dilation=2),
+        "groups": problem(c=6, o=6, groups=2),
+        "pass": problem("backward_data"),
+        "layout": dataclasses.replace(problem(), layout="NHWC"),
+        "dtype": dataclasses.replace(problem(), dtype="float64"),
+        "bias": dataclasses.replace(problem(), has_bias=True),
+        "batch bucket": problem(batch=5),
+    }
+    for what, p in different.items():
+        assert tuning_key(p) != tuning_key(problem()), what
+
+
+def test_results_are_invalidated_by_version_host_and_candidate_set(monkeypatch,
+                                                                  count_benchmarks):
+    p = problem()
+    tuner.choose(p)
+    tuner.choose(p)
+    assert len(count_benchmarks) == 1
+    monkeypatch.setattr(keys, "__version__", "999.0")
+    tuner.choose(p)
+    assert len(count_benchmarks) == 2
+    monkeypatch.setattr(keys, "host_signature", lambda: "another machine")
+    tuner.choose(p)
+    assert len(count_benchmarks) == 3
+    new = dict(registry._REGISTRY["forward"])
+    new["im2col_again"] = dataclasses.replace(new["im2col"], name="im2col_again")
+    monkeypatch.setitem(registry._REGISTRY, "forward", new)
+    tuner.choose(p)
+    assert len(count_benchmarks) == 4
+
+
+def test_host_signature_names_cpu_and_cores():
+    sig = keys.host_signature()
+    assert "cores" in sig and sig.count("|") == 3
+
+
+# --------------------------------------------------------------------------- choice
+
+
+def test_rank_prefers_more_accurate_within_the_tie_band_and_skips_failures():
+    results = {
+        "fast_rough": {"median_s": 1.00},
+        "exact": {"median_s": 1.03},
+        "slow": {"median_s": 2.0},
+        "broken": {"error": "RuntimeError: no"},
+    }
+    accuracy = {"fast_rough": 0, "exact": 2, "slow": 5, "broken": 9}
+    assert bench.rank(results, accuracy) == ["exact", "fast_rough", "slow"]
+    results["exact"]["median_s"] = 1.2  # outside the 5% band: time decides
+    assert bench.rank(results, accuracy) == ["fast_rough", "exact", "slow"]
+    assert bench.rank({"broken": {"error": "x"}}, accuracy) == []
+
+
+def test_tuned_conv_matches_the_reference(count_benchmarks):
+    p = problem(batch=3, c=5, o=7, size=9)
+    x, w = operands(p)
+    y = ce.conv(x, w, padding=1)
+    assert len(count_benchmarks) == 1
+    assert_close(y, expected_conv(x, w, padding=1), "float32", "tuned conv")
+    dx = ce.conv_backward_data(y, w, x.shape, padding=1)
+    dw = ce.conv_backward_weight(x, y, w.shape, padding=1)
+    y64 = y.astype(np.float64)
+    assert_close(dx, ce.conv_backward_data(y64, w.astype(np.float64), x.shape, padding=1,
+                                           algo="reference"), "float32", "tuned dgrad")
+    assert_close(dw, ce.conv_backward_weight(x.astype(np.float64), y64, w.shape, padding=1,
+                                             algo="reference"), "float32", "tuned wgrad")
+    assert len(count_benchmarks) == 3
+    ce.conv(x, w, padding=1)
+    assert len(count_benchmarks) == 3
+
+
+def test_choice_is_registered_supported_and_recorded(tuning):
+    p = problem()
+    algo = tuner.choose(p)
+    assert algo is not None and algo.supports(p) is None
+    (entry,) = tuner.default_cache().entries()
+    assert entry.choice == algo.name
+    assert set(entry.results) == {a.name for a in registry.all_for("forward")
+                                  if a.supports(p) is None}
+    assert all("median_s" in r for r in entry.results.values())
+
+
+@pytest.fixture
+def bad_candidates():
+    """Two throwaway forward algorithms: one raises, one is fast but wrong."""
+
+    def raises(p, x, w):
+        raise RuntimeError("this candidate always fails")
+
+    def wrong(p, x, w):
+        return np.zeros(p.y_shape("NHWC"), p.compute_dtype)
+
+    def any_problem(p):
+        return None
+
+    registry.register("always_fails", "forward", supports=any_problem, accuracy=9)(raises)
+    registry.register("fast_but_wrong", "forward", supports=any_problem, accuracy=9)(wrong)
+    yield
+    registry.unregister("always_fails", "forward")
+    registry.unregister("fast_but_wrong", "forward")
+
+
+def test_a_failing_or_wrong_candidate_is_recorded_and_never_chosen(bad_candidates):
+    p = problem(batch=1, c=3, o=2, size=5)
+    x, w = operands(p)
+    result = tuner.tune_problem(p)
+    assert result.choice not in ("always_fails", "fast_but_wrong")
+    assert result.results["always_fails"]["error"].startswith("RuntimeError: this candidate")
+    assert "disagrees" in result.results["fast_but_wrong"]["error"]
+    assert tuner.choose(p).name == result.choice
+    assert_close(ce.conv(x, w, padding=1), expected_conv(x, w, padding=1), "float32")
+
+
+# --------------------------------------------------------------------------- modes
+
+
+def test_modes_and_environment(monkeypatch):
+    ce.set_tuning(None)
+    monkeypatch.setenv("CONVENGINE_TUNING", "cache-only")
+    assert ce.get_tuning() == "cache-only"
+    monkeypatch.setenv("CONVENGINE_TUNING", "sometimes")
+    with pytest.raises(ConvSetupError, match=r"\$CONVENGINE_TUNING.*'off', 'on', 'cache-only'"):
+        ce.get_tuning()
+    assert ce.set_tuning("off") is None
+    assert ce.get_tuning() == "off"
+    with pytest.raises(ConvSetupError, match="mode must be one of"):
+        ce.set_tuning("fast")
+
+
+def test_off_uses_the_heuristic_without_benchmarking(no_benchmark):
+    ce.set_tuning("off")
+    p = problem()
+    x, w = operands(p)
+    assert tuner.choose(p) is None
+    assert_close(ce.conv(x, w, padding=1), expected_conv(x, w, padding=1), "float32")
+    assert tuner.default_cache().entries() == []
+
+
+def test_cache_only_never_benchmarks(no_benchmark):
+    ce.set_tuning("cache-only")
+    p = problem()
+    x, w = operands(p)
+    assert tuner.choose(p) is None
+    assert_close(ce.conv(x, w, padding=1), expected_conv(x, w, padding=1), "float32")
+    assert tuner.default_cache().entries() == []
+    assert "not tuned: cache-only" in ce.explain(p).source
+
+
+def test_cache_only_uses_cached_choices(monkeypatch):
+    p = problem()
+    chosen = tuner.tune_problem(p).choice
+    tuner.default_cache().forget()  # read it back from the file
+    ce.set_tuning("cache-only")
+    monkeypatch.setattr(bench, "benchmark", lambda *a: pytest.fail("benchmarked"))
+    assert tuner.choose(p).name == chosen
+
+
+def test_empty_batch_is_not_tuned(no_benchmark):
+    p = problem(batch=0)
+    assert tuner.choose(p) is None
+    assert tuner.tune_problem(p).source == "skipped"
+
+
+def test_tune_pre_tunes_a_list_and_reports(count_benchmarks):
+    a, b = problem(), problem(k=1, padding=0)
+    results = ce.tune([a, b, a], progress=False)
+    assert [r.source for r in results] == ["tuned", "tuned", "cache"]
+    assert all(r.median_s > 0 for r in results)
+    assert len(count_benchmarks) == 2
+    assert ce.tune([a], force=True, progress=False)[0].source == "tuned"
+    with pytest.raises(TypeError, match=r"problems\[1\] must be a ConvProblem"):
+        ce.tune([a, "conv"])
+
+
+def test_explain_shows_the_tuned_choice():
+    p = problem()
+    before = ce.explain(p)
+    assert "tuned on first call" in before.source and before.timings == {}
+    chosen = tuner.tune_problem(p).choice
+    after = ce.explain(p)
+    assert after.source == "tuned, from the cache" and after.chosen == chosen
+    assert set(after.timings) == set(after.supported)
+    assert "ms" in str(after)
+
+
+def test_threads_tuning_at_once_measure_once(count_benchmarks):
+    p = problem(batch=4, c=8, o=8, size=8)
+    x, w = operands(p)
+    expected = expected_conv(x, w, padding=1)
+    outputs, errors = [], []
+
+    def work():
+        try:
+            outputs.append(ce.conv(x, w, padding=1))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(outputs) == 4
+    for y in outputs:
+        assert_close(y, expected, "float32", "threaded conv")
+    assert len(count_benchmarks) == 1
+
+
+# --------------------------------------------------------------------------- the file
+
+
+def test_second_cache_object_reads_the_first_ones_file(tuning, count_benchmarks):
+    p = problem()
+    chosen = tuner.choose(p).name
+    fresh = cache.TuningCache(tuning / cache.DB_NAME)
+    entry = fresh.get(tuner.ident(p))
+    assert entry is not None and entry.choice == chosen
+    with sqlite3.connect(tuning / cache.DB_NAME) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def run_convs_expecting_one_warning(problems):
+    """conv() on each problem: every result correct, exactly one TuningCacheWarning."""
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for p in problems:
+            x, w = operands(p)
+            assert_close(ce.conv(x, w, padding=1), expected_conv(x, w, padding=1), "float32")
+    found = tuning_warnings(record)
+    assert len(found) == 1, [str(w.message) for w in record]
+    return str(found[0].message)
+
+
+def test_corrupt_file_warns_once_falls_back_to_memory_and_is_left_alone(tuning):
+    tuning.mkdir(parents=True)
+    db = tuning / cache.DB_NAME
+    garbage = b"this is not an SQLite database\n" * 64
+    db.write_bytes(garbage)
+    message = run_convs_expecting_one_warning([problem(), problem(k=1, padding=0)])
+    assert str(db) in message and "left untouched" in message
+    assert db.read_bytes() == garbage
+    assert len(tuner.default_cache().entries()) == 2  # kept in memory
+
+
+@pytest.mark.parametrize("how", ["read-only directory", "directory cannot be created"])
+def test_unwritable_directory_warns_once(tmp_path, monkeypatch, how):
+    if how == "read-only directory":
+        directory = tmp_path / "ro"
+        directory.mkdir()
+        directory.chmod(0o555)
+        try:
+            probe = directory / "probe"
+            probe.touch()
+            probe.unlink()
+            pytest.skip("permissions are not enforced for this user (root)")
+        except PermissionError:
+            pass
+    else:
+        (tmp_path / "a_file").write_text("")
+        directory = tmp_path / "a_file" / "cache"
+    monkeypatch.setenv("CONVENGINE_CACHE_DIR", str(directory))
+    try:
+        run_convs_expecting_one_warning([problem(), problem(k=1, padding=0)])
+    finally:
+        if directory.exists():
+            directory.chmod(0o755)
+
+
+def test_locked_database_warns_once(tuning, monkeypatch):
+    monkeypatch.setattr(cache, "LOCK_TIMEOUT_S", 0.05)
+    tuner.tune_problem(problem(k=5, padding=2))  # creates the file
+    holder = sqlite3.connect(tuning / cache.DB_NAME, isolation_level=None)
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        other = cache.TuningCache(tuning / cache.DB_NAME)
+        monkeypatch.setattr(tuner, "_caches", {str(tuning / cache.DB_NAME): other})
+        message = run_convs_expecting_one_warning([problem(), problem(k=1, padding=0)])
+        assert "locked" in message
+    finally:
+        holder.rollback()
+        holder.close()
+
+
+# --------------------------------------------------------------------------- export / import
+
+
+def test_export_import_round_trip(tmp_path):
+    problems = [problem(), problem(k=1, padding=0), problem("backward_weight")]
+    ce.tune(problems, progress=False)
+    before = {e.ident: (e.choice, e.results) for e in tuner.default_cache().entries()}
+    path = tmp_path / "tuning.json"
+    assert transfer.export_cache(path) == 3
+    tuner.default_cache().clear()
+    assert tuner.default_cache().entries() == []
+    report = transfer.import_cache(path)
+    assert (report.imported, report.refused_host, report.stale) == (3, 0, 0)
+    tuner.default_cache().forget()
+    after = {e.ident: (e.choice, e.results) for e in tuner.default_cache().entries()}
+    assert after == before
+
+
+def test_import_refuses_other_hosts_unless_forced(tmp_path):
+    ce.tune([problem(), problem(k=1, padding=0)], progress=False)
+    path = tmp_path / "tuning.json"
+    transfer.export_cache(path)
+    document = json.loads(path.read_text())
+    for e in document["entries"]:
+        e["host"] = "aarch64 | another CPU | asimd | 64 cores"
+    document["entries"][1]["version"] = "0.0.1"
+    path.write_text(json.dumps(document))
+    tuner.default_cache().clear()
+    report = transfer.import_cache(path)
+    assert (report.imported, report.refused_host, report.stale) == (0, 1, 1)
+    assert "another host" in str(report) and tuner.default_cache().entries() == []
+    report = transfer.import_cache(path, force=True)
+    assert (report.imported, report.refused_host, report.stale) == (1, 0, 1)
+    (entry,) = tuner.default_cache().entries()
+    assert entry.host == keys.host_signature()
+    assert tuner.choose(problem()).name == entry.choice
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.update(format="something else"), "not a convengine tuning cache"),
+        (lambda d: d["entries"][0].pop("choice"), r"entries\[0\]: field 'choice'"),
+        (lambda d: d["entries"][0]["results"].update(x={"median_s": -1}),
+         r"results\['x'\] must hold"),
+        (lambda d: d["entries"][0].update(choice="nope"), "has no timing"),
+    ],
+)
+def test_import_validates_and_imports_nothing_on_error(tmp_path, mutate, message):
+    ce.tune([problem()], progress=False)
+    path = tmp_path / "tuning.json"
+    transfer.export_cache(path)
+    document = json.loads(path.read_text())
+    mutate(document)
+    path.write_text(json.dumps(document))
+    tuner.default_cache().clear()
+    with pytest.raises(ValueError, match=message):
+        transfer.import_cache(path)
+    assert tuner.default_cache().entries() == []
+
+
+def test_clear_removes_a_corrupt_file_and_says_so(tuning):
+    tuning.mkdir(parents=True)
+    db = tuning / cache.DB_NAME
+    db.write_bytes(b"garbage" * 100)
+    text = tuner.default_cache().clear()
+    assert "removed the file" in text and str(db) in text
+    assert not db.exists()
+    assert os.listdir(tuning) == []
