@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from oracle import assert_close
 
 import convengine as ce
+from oracle import assert_close
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -57,9 +57,11 @@ def test_forward_and_gradients_match_torch(name, layout):
 TRANSPOSE_CASES = {
     "1d": ((2, 4, 7), (4, 3, 3), dict(stride=2, padding=1, output_padding=1)),
     "2d-groups-dilation": ((2, 4, 5, 6), (4, 2, 3, 2),
-                           dict(stride=(2, 3), padding=(1, 0), output_padding=(1, 2), groups=2, dilation=(2, 1))),
+                           dict(stride=(2, 3), padding=(1, 0), output_padding=(1, 2), groups=2,
+                                dilation=(2, 1))),
     "2d-output-padding-below-dilation": ((1, 4, 5, 5), (4, 2, 3, 3),
-                                          dict(stride=(1, 2), dilation=(3, 1), output_padding=(2, 1), padding=(1, 2))),
+                                          dict(stride=(1, 2), dilation=(3, 1), output_padding=(2, 1),
+                                               padding=(1, 2))),
     "3d": ((1, 3, 3, 4, 2), (3, 2, 2, 3, 3), dict(stride=2, padding=(0, 1, 1), output_padding=(1, 0, 1))),
 }
 
@@ -68,7 +70,8 @@ TRANSPOSE_CASES = {
 def test_transpose_matches_torch(name):
     x_shape, w_shape, kw = TRANSPOSE_CASES[name]
     rng = np.random.default_rng(13)
-    x, w, b = rng.standard_normal(x_shape), rng.standard_normal(w_shape), rng.standard_normal(w_shape[1] * kw.get("groups", 1))
+    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
+    b = rng.standard_normal(w_shape[1] * kw.get("groups", 1))
     expected = CONV_T[len(x_shape) - 2](torch.tensor(x), torch.tensor(w), torch.tensor(b), **kw).numpy()
     for dtype in ("float64", "float32"):
         out = ce.conv_transpose(x.astype(dtype), w.astype(dtype), b.astype(dtype), **kw)

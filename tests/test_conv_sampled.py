@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from oracle import TOLERANCE, assert_close, random, reference
 
 import convengine as ce
 from convengine import registry
+from oracle import TOLERANCE, assert_close, random, reference
 
 PADDINGS = ("zero", "one", "asym", "same", "same_lower", "valid")
 GROUPINGS = ("dense", "grouped", "depthwise")

@@ -4,11 +4,11 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from oracle import assert_close, reference
 
 import convengine as ce
 from convengine import registry
 from convengine.algorithms import im2col
+from oracle import assert_close, reference
 
 # weird shapes: (x, w, kwargs), NCHW
 WEIRD = {

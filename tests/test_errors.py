@@ -19,7 +19,7 @@ def test_setup_error_is_a_value_error():
 
 @pytest.mark.parametrize("shape", [(4, 8), (1, 2, 3, 4, 5, 6)])
 def test_wrong_rank(shape):
-    with err(r"x must have 3, 4 or 5 dims .* got %d dims" % len(shape)):
+    with err(rf"x must have 3, 4 or 5 dims .* got {len(shape)} dims"):
         ce.conv(np.zeros(shape, np.float32), W)
 
 

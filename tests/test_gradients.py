@@ -3,9 +3,9 @@ for every algorithm, in float64, and the transposed conv as the adjoint of conv.
 
 import numpy as np
 import pytest
-from oracle import assert_close
 
 import convengine as ce
+from oracle import assert_close
 
 PROBLEMS = {
     "1d-stride3-dil2-asym": ((2, 4, 17), (6, 4, 3), dict(stride=3, dilation=2, padding=((2, 1),))),

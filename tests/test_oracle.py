@@ -3,9 +3,9 @@ hand-computed cases."""
 
 import numpy as np
 import pytest
-from oracle import assert_close
 
 import convengine as ce
+from oracle import assert_close
 
 
 def test_assert_close_fails_on_value_shape_and_nan_differences():

@@ -8,7 +8,7 @@ runs, and converts the result back to the caller's layout and dtype.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,8 +22,8 @@ from .problem import (
     check_shape,
     make_problem,
     normalize_padding,
-    to_int,
     spatial_tuple,
+    to_int,
     transpose_output_size,
 )
 from .registry import Algorithm
@@ -105,7 +105,8 @@ def backward_weight_problem(
         "backward_weight", x.shape, _shape(weight_shape, "weight_shape"), dtype=dtype,
         w_name="weight_shape", **conv_args,
     )
-    check_shape(dy.shape, problem.y_shape(), "dy", f"the conv output of x {x.shape} and weight_shape {problem.w_shape()}")
+    why = f"the conv output of x {x.shape} and weight_shape {problem.w_shape()}"
+    check_shape(dy.shape, problem.y_shape(), "dy", why)
     return problem
 
 
@@ -276,7 +277,7 @@ def _zero_extend(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return np.pad(a, [(0, t - n) for n, t in zip(a.shape, shape)])
 
 
-_BUILDERS = {
+_BUILDERS: dict[str, Callable[..., ConvProblem]] = {
     "forward": forward_problem,
     "backward_data": backward_data_problem,
     "backward_weight": backward_weight_problem,

@@ -73,17 +73,15 @@ def _windows(problem: ConvProblem, x: np.ndarray, tile: Tile):
 def _forward(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     y = np.empty(problem.y_shape("NHWC"), x.dtype)
     # (O, *K, C) -> (prod(K), C, O): one (C, O) matrix per kernel position
-    wk = np.ascontiguousarray(w.reshape(problem.out_channels, -1, problem.in_channels).transpose(1, 2, 0))
+    wk = w.reshape(problem.out_channels, -1, problem.in_channels).transpose(1, 2, 0).copy()
     for tile in _tiles(problem):
-        acc = product = None
+        block = y[tile.n0 : tile.n1, tile.r0 : tile.r1]
+        acc = np.zeros((block.size // problem.out_channels, problem.out_channels), x.dtype)
+        product = np.empty_like(acc)
         for i, cols in _windows(problem, x, tile):
-            if acc is None:
-                acc = cols @ wk[i]
-                product = np.empty_like(acc)
-            else:
-                np.matmul(cols, wk[i], out=product)
-                acc += product
-        y[tile.n0 : tile.n1, tile.r0 : tile.r1] = acc.reshape(y[tile.n0 : tile.n1, tile.r0 : tile.r1].shape)
+            np.matmul(cols, wk[i], out=product)
+            acc += product
+        block[...] = acc.reshape(block.shape)
     return y
 
 

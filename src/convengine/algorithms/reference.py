@@ -6,6 +6,8 @@ Accumulates in float64 whatever the input dtype, one kernel position at a time
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..problem import ConvProblem
@@ -22,9 +24,14 @@ def _grouped(a: np.ndarray, groups: int) -> np.ndarray:
     return a.astype(np.float64, copy=False).reshape(*a.shape[:-1], groups, -1)
 
 
+def _position(offset: tuple[int, ...]) -> tuple[Any, ...]:
+    """Index of one kernel position in a weight ``(O, *K, C // g)``."""
+    return (slice(None), *offset, slice(None))
+
+
 def _weight_at(problem: ConvProblem, w: np.ndarray, offset: tuple[int, ...]) -> np.ndarray:
     """w[:, offset, :] as (g, O // g, C // g) float64."""
-    wk = w[(slice(None), *offset, slice(None))].astype(np.float64)
+    wk = w[_position(offset)].astype(np.float64)
     return wk.reshape(problem.groups, problem.out_per_group, problem.in_per_group)
 
 
@@ -60,5 +67,5 @@ def reference_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray) ->
     for offset in kernel_offsets(problem):
         patch = _grouped(xp[(slice(None), *window(problem, offset), slice(None))], g)
         dwk = np.einsum("mgc,mgo->goc", patch.reshape(-1, *patch.shape[-2:]), dyg_rows)
-        dw[(slice(None), *offset, slice(None))] = dwk.reshape(problem.out_channels, -1)
+        dw[_position(offset)] = dwk.reshape(problem.out_channels, -1)
     return dw.astype(problem.compute_dtype)
