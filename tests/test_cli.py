@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import convengine as ce
-from convengine import cli, registry
+from convengine import cli, registry, threads
 from convengine.tune import keys
 from test_tune_helpers import fast_registry
 
@@ -20,9 +20,10 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVENGINE_CACHE_DIR", str(tmp_path / "cache"))
     for pass_, table in fast_registry().items():
         monkeypatch.setitem(registry._REGISTRY, pass_, table)
-    previous = ce.set_tuning("on")
+    previous, n_threads = ce.set_tuning("on"), threads.get_num_threads()
     yield tmp_path / "cache"
     ce.set_tuning(previous)
+    threads.set_num_threads(n_threads)  # bench fixes the thread count
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import api, select, suites
+from . import api, select, suites, threads
 from ._version import __version__
 from .errors import ConvSetupError
 from .problem import PASSES, ConvProblem, make_problem
@@ -108,10 +108,13 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def _set_threads(n: int) -> None:
-    """Fix numba's thread count (BLAS is left to its environment variables)."""
+    """Fix the thread count of numba and numpy's BLAS (capped at numba's limit)."""
     import numba
 
-    numba.set_num_threads(max(1, min(n, getattr(numba.config, "NUMBA_NUM_THREADS", n))))
+    limit = getattr(numba.config, "NUMBA_NUM_THREADS", n)
+    if n < 1:
+        raise ConvSetupError(f"--threads must be >= 1, got {n}")
+    threads.set_num_threads(min(n, limit))
 
 
 def _layers(args: argparse.Namespace) -> list[suites.Layer]:
@@ -296,7 +299,8 @@ def _bench_report(rows: list[dict[str, Any]], total: dict[str, float],
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    _set_threads(args.threads)
+    if args.threads is not None:
+        _set_threads(args.threads)
     problems = [la.problem(p, layout=args.layout) for la in _layers(args)
                 for p in _passes(args.pass_)]
     results = tuner.tune(problems, force=args.force, progress=False if args.quiet else None)
@@ -393,14 +397,16 @@ def _common(p: argparse.ArgumentParser, json_help: str) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _suite_args(p: argparse.ArgumentParser, default_pass: str) -> None:
+def _suite_args(p: argparse.ArgumentParser, default_pass: str, threads: int | None) -> None:
     p.add_argument("--suite", default="resnet50", choices=[*suites.suite_names(), "all"],
                    help="layer suite (default resnet50)")
     p.add_argument("--pass", dest="pass_", default=default_pass,
                    help=f"comma-separated passes: fwd,bwd_data,bwd_weight (default {default_pass})")
     p.add_argument("--batch", type=int, help="batch size (default: the suite's, see suites.py)")
     p.add_argument("--layers", metavar="TEXT", help="only layers whose name contains TEXT")
-    p.add_argument("--threads", type=int, default=2, help="numba threads (default 2)")
+    p.add_argument("--threads", type=int, default=threads,
+                   help="threads of numba and BLAS; part of the tuning key (default "
+                        f"{threads or 'as in any process: numba default'})")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -409,7 +415,7 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("bench", help="tune and time a layer suite, optionally against PyTorch")
-    _suite_args(p, "fwd")
+    _suite_args(p, "fwd", threads=2)
     p.add_argument("--compare", choices=["torch"], help="also time PyTorch, interleaved")
     p.add_argument("--rounds", type=int, default=7, help="timed rounds per layer (default 7)")
     p.add_argument("--budget", type=float, default=1.0,
@@ -419,7 +425,7 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("tune", help="fill the tuning cache for a layer suite")
-    _suite_args(p, "fwd,bwd_data,bwd_weight")
+    _suite_args(p, "fwd,bwd_data,bwd_weight", threads=None)
     p.add_argument("--layout", default="NCHW", choices=["NCHW", "NHWC"],
                    help="the layout your calls use (part of the tuning key; default NCHW)")
     p.add_argument("--force", action="store_true", help="tune again even if cached")

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import registry
+from .. import registry, threads
 from ..errors import ConvSetupError
 from ..problem import ConvProblem
 from ..registry import Algorithm
@@ -63,8 +63,10 @@ def default_cache() -> TuningCache:
 
 
 def ident(problem: ConvProblem) -> Ident:
-    return (keys.key_text(problem), keys.host_signature(), keys.version(),
-            keys.candidate_checksum(problem.pass_))
+    """(key, host, version, candidates): the key also names the thread count, which
+    changes the ranking as much as the problem does."""
+    key = f"{keys.key_text(problem)} T{threads.get_num_threads()}"
+    return (key, keys.host_signature(), keys.version(), keys.candidate_checksum(problem.pass_))
 
 
 def _accuracy(pass_: str) -> dict[str, int]:
