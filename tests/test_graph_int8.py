@@ -9,6 +9,7 @@ import pytest
 from convengine import ConvSetupError
 from convengine.graph import Candidate, PlanCache, recipes
 from convengine.graph import engines as eng
+from convengine.graph.plan import engine_order
 from convengine.graph.program import Program
 from oracle import reference
 
@@ -70,7 +71,7 @@ def test_int8_engines_bit_exact(case, monkeypatch):
         mismatch = np.flatnonzero(got != expect)
         assert mismatch.size == 0, f"{engine}: {mismatch.size} values differ"
     plan = g.build(cache=PlanCache())
-    assert plan.engine_name == "fused[int8_exact]"
+    assert plan.engine_name == f"{engine_order(prog)[0]}[int8_exact]"
     np.testing.assert_array_equal(plan.execute(bind)[t["y"]], expect)
     np.testing.assert_array_equal(
         recipes.qconv_cudnn(x, w, bias, x_scale=sx, w_scale=sw, y_scale=sy, y_zero_point=zp,

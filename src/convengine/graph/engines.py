@@ -2,7 +2,10 @@
 
 - ``fused``: the conv runs in output tiles (row blocks of an image, or a few whole
   images) and the whole pointwise chain is applied to each tile while it is in
-  cache, written once into the output. Serves conv_fprop / conv_dgrad chains.
+  cache, written once into the output. Tiles run in parallel, one per thread at a
+  time, each thread with serial numba kernels and single-threaded BLAS (as oneDNN
+  runs a conv and its post-ops per thread), so no thread waits on another between
+  the conv and the epilogue. Serves conv_fprop / conv_dgrad chains.
 - ``partly_fused``: the conv runs whole; the chain is then applied in place over
   its output (one buffer, one extra pass per op, no intermediates).
 - ``unfused``: every op is a separate kernel that materialises its result; any
@@ -15,15 +18,18 @@ the engines differ only in where the data lives, never in the arithmetic.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from .. import registry
 from ..errors import ConvSetupError
 from ..problem import ConvProblem
+from ..threads import get_num_threads, run_parallel, single_threaded_blas
 from . import epilogue
 from .ir import QUANT_DTYPES, REDUCED_DTYPES, Node
 from .program import Chain, Program, TensorSpec
@@ -31,7 +37,8 @@ from .program import Chain, Program, TensorSpec
 ENGINES = ("fused", "partly_fused", "unfused")
 INT_ALGO = "int8_exact"
 TILE_BYTES = 1 << 20  # fused tiles: about half of one core's L2
-MIN_TILE_PIXELS = 256  # ... but never fewer output pixels (GEMM efficiency, weight reuse)
+MIN_TILE_PIXELS = 64  # ... but never fewer output pixels (GEMM efficiency, weight reuse)
+TILES_PER_THREAD = 2  # ... and enough tiles to keep every thread busy
 
 Values = dict[str, np.ndarray]
 Runner = Callable[[Values], Values]
@@ -290,8 +297,9 @@ class Tile:
     dst: tuple[slice, ...]  # into the channels-last output
 
 
-def tiles(problem: ConvProblem) -> list[Tile]:
-    """Output tiles of about TILE_BYTES: a few whole images, or row blocks of one.
+def tiles(problem: ConvProblem, threads: int = 1) -> list[Tile]:
+    """Output tiles of at most about TILE_BYTES, and at least TILES_PER_THREAD per
+    thread where MIN_TILE_PIXELS allows: a few whole images, or row blocks of one.
 
     Every ``src`` slice of a C-contiguous channels-last operand stays contiguous.
     """
@@ -300,8 +308,9 @@ def tiles(problem: ConvProblem) -> list[Tile]:
     else:
         rows = problem.out_size[0]
         per_pixel, row_pixels = problem.out_channels, math.prod(problem.out_size[1:])
-    pixels = max(MIN_TILE_PIXELS, TILE_BYTES // (4 * per_pixel))
     image = rows * row_pixels
+    share = -(-problem.batch * image // (TILES_PER_THREAD * threads))
+    pixels = max(MIN_TILE_PIXELS, min(TILE_BYTES // (4 * per_pixel), share))
     out = []
     if pixels >= image or problem.pass_ == "backward_data":
         step = max(1, pixels // image)
@@ -332,7 +341,7 @@ def _fused(prog: Program, chain: Chain, algo: str, deterministic: bool,
     problem = prog.problems[chain.conv.name]
     if problem.pass_ == "backward_weight":
         return "conv_wgrad reduces over the batch: its output has no independent tiles"
-    plan = tiles(problem)
+    plan = tiles(problem, get_num_threads())
     for sub in {t.problem for t in plan}:
         if min(sub.in_size) < 1:
             return f"a tile of {problem.describe()} would read only padding"
@@ -352,9 +361,21 @@ def _fused(prog: Program, chain: Chain, algo: str, deterministic: bool,
         a, b = (value(prog, vals, n) for n in chain.conv.inputs)
         a, b = conv_operand(a, problem), conv_operand(b, problem)
         arr, out = _result(prog, out_name)
-        for t in plan:
-            y = run_conv(t.problem, algo, a[t.src], b)
-            _apply_chain(prog, chain, y, ops, t.dst, out[t.dst])
+        counter = itertools.count()  # tiles are handed out one by one (atomic next)
+
+        def work(part: int, parts: int) -> None:
+            saved = numba.get_num_threads()
+            numba.set_num_threads(1)  # thread-local: this thread's kernels run serially
+            try:
+                while (i := next(counter)) < len(plan):
+                    t = plan[i]
+                    y = run_conv(t.problem, algo, a[t.src], b)
+                    _apply_chain(prog, chain, y, ops, t.dst, out[t.dst])
+            finally:
+                numba.set_num_threads(saved)
+
+        with single_threaded_blas():
+            run_parallel(work, min(get_num_threads(), len(plan)))
         return {out_name: arr}
 
     return Built(run, space)

@@ -9,6 +9,7 @@ builds, the ConvSetupError lists every candidate and why it refused.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import zlib
@@ -22,6 +23,7 @@ import numpy as np
 from .. import select
 from ..errors import ConvSetupError
 from ..problem import FLOAT_DTYPES, as_array
+from . import engines
 from .engines import ENGINES, INT_ALGO, Built, Candidate, build, check_input
 from .ir import Graph, GraphKey, Tensor
 from .program import Program
@@ -155,22 +157,34 @@ def _algorithms(prog: Program) -> list[str]:
     return list(select._preference(problem))  # noqa: SLF001 - the one ranking there is
 
 
+def engine_order(prog: Program) -> tuple[str, ...]:
+    """Fusion first, unless the conv's whole output fits in one tile: then tiling
+    saves no memory traffic and only costs parallelism, so partly_fused leads."""
+    convs = prog.convs
+    if len(convs) == 1:
+        spec = prog.tensors[convs[0].output]
+        if 4 * math.prod(spec.shape) <= engines.TILE_BYTES:
+            return ("partly_fused", "fused", "unfused")
+    return ENGINES
+
+
 def candidates(prog: Program, policy: str, deterministic: bool, reduced: bool) -> list[Candidate]:
     """Ranked candidates. ``all``/``tune``: every engine x algorithm, by algorithm
-    preference then fusion. ``heuristic``: the three engines of the first algorithm
-    that serves every conv under the flags, then the unfused fallback."""
+    preference then :func:`engine_order`. ``heuristic``: the engines of the first
+    algorithm that serves every conv under the flags, then the unfused fallback."""
     from .engines import algo_refusal
 
     algos = _algorithms(prog)
+    order = engine_order(prog)
     if policy != "heuristic":
-        return [Candidate(e, a) for a in algos for e in ENGINES]
+        return [Candidate(e, a) for a in algos for e in order]
     top = next(
         (a for a in algos if a == NO_CONV or all(
             algo_refusal(prog.problems[n.name], a, deterministic, reduced) is None
             for n in prog.convs)),
         algos[0],
     )
-    ranked = [Candidate(e, top) for e in ENGINES]
+    ranked = [Candidate(e, top) for e in order]
     fallback = Candidate("unfused", algos[-1])
     return ranked + ([fallback] if fallback not in ranked else [])
 
