@@ -7,6 +7,7 @@ from . import algorithms as _algorithms  # noqa: F401  (registers every algorith
 from ._version import __version__
 from .api import conv, conv_backward_data, conv_backward_weight, conv_transpose, explain
 from .errors import ConvSetupError
+from .graph import Graph, Plan, PlanCache
 from .problem import ConvProblem
 from .quant import dequantize, qconv, quantize, quantize_per_channel, requantize
 from .registry import algorithms
@@ -18,6 +19,9 @@ __all__ = [
     "ConvProblem",
     "ConvSetupError",
     "Explanation",
+    "Graph",
+    "Plan",
+    "PlanCache",
     "TuneResult",
     "TuningCacheWarning",
     "__version__",
