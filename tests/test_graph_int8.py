@@ -13,8 +13,6 @@ from convengine.graph.plan import engine_order
 from convengine.graph.program import Program
 from oracle import reference
 
-pytest.importorskip("convengine.quant")
-
 rng = np.random.default_rng(7)
 
 

@@ -3,7 +3,8 @@
 ``build_plan`` validates the graph, looks its canonical description (plus the
 flags) up in the plan cache, and on a miss ranks the candidates
 (engine x conv algorithm), tries them in order and keeps the first that builds
-(``policy="tune"``: times every one that builds and keeps the fastest). If none
+(``policy="tune"``: the conv algorithm the tuner measures fastest, then times every
+engine of it that builds, interleaved, and keeps the fastest). If none
 builds, the ConvSetupError lists every candidate and why it refused.
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import select
+from .. import select, tune
 from ..errors import ConvSetupError
 from ..problem import FLOAT_DTYPES, as_array
 from . import engines
@@ -146,15 +147,27 @@ class PlanCache:
 DEFAULT_CACHE = PlanCache()
 
 
-def _algorithms(prog: Program) -> list[str]:
-    """Conv algorithms in the heuristic's preference order for the graph's first conv."""
+def _algorithms(prog: Program, policy: str) -> list[str]:
+    """Conv algorithms for the graph's first conv, best first: measured by the tuner
+    (``policy="tune"``: ``tune_problem``, persistent), else the tuner's cached
+    choice (per the tuning mode) ahead of the heuristic's preference order."""
     convs = prog.convs
     if not convs:
         return [NO_CONV]
     problem = prog.problems[convs[0].name]
     if problem.dtype == "int8":
         return [INT_ALGO]
-    return list(select._preference(problem))  # noqa: SLF001 - the one ranking there is
+    order = list(select._preference(problem))  # noqa: SLF001 - the one ranking there is
+    if len(convs) > 1:
+        return order
+    if policy == "tune":
+        results = tune.tune_problem(problem).results
+        timed = sorted((r["median_s"], n) for n, r in results.items() if "median_s" in r)
+        first = [n for _, n in timed]
+    else:
+        chosen = tune.choose(problem)
+        first = [] if chosen is None else [chosen.name]
+    return first + [n for n in order if n not in first]
 
 
 def engine_order(prog: Program) -> tuple[str, ...]:
@@ -169,14 +182,14 @@ def engine_order(prog: Program) -> tuple[str, ...]:
 
 
 def candidates(prog: Program, policy: str, deterministic: bool, reduced: bool) -> list[Candidate]:
-    """Ranked candidates. ``all``/``tune``: every engine x algorithm, by algorithm
-    preference then :func:`engine_order`. ``heuristic``: the engines of the first
+    """Ranked candidates. ``all``: every engine x algorithm, by algorithm order then
+    :func:`engine_order`. ``heuristic`` and ``tune``: the engines of the first
     algorithm that serves every conv under the flags, then the unfused fallback."""
     from .engines import algo_refusal
 
-    algos = _algorithms(prog)
+    algos = _algorithms(prog, policy)
     order = engine_order(prog)
-    if policy != "heuristic":
+    if policy == "all":
         return [Candidate(e, a) for a in algos for e in order]
     top = next(
         (a for a in algos if a == NO_CONV or all(
@@ -185,7 +198,7 @@ def candidates(prog: Program, policy: str, deterministic: bool, reduced: bool) -
         algos[0],
     )
     ranked = [Candidate(e, top) for e in order]
-    fallback = Candidate("unfused", algos[-1])
+    fallback = Candidate("unfused", "reference" if "reference" in algos else algos[-1])
     return ranked + ([fallback] if fallback not in ranked else [])
 
 
