@@ -116,12 +116,22 @@ def host_signature() -> str:
     return f"{platform.machine()} | {model} | {isa} | {_usable_cores()} cores"
 
 
+# checksums by the identities of the Algorithm objects; the objects are kept alive
+# here so that their ids cannot be reused by other objects
+_checksums: dict[tuple[int, ...], tuple[tuple[registry.Algorithm, ...], str]] = {}
+
+
 def candidate_checksum(pass_: str) -> str:
     """A short hash of the registered algorithms of a pass and their attributes."""
-    return _checksum(tuple(registry.all_for(pass_)))
+    algorithms = tuple(registry.all_for(pass_))
+    ids = tuple(map(id, algorithms))
+    if ids not in _checksums:
+        if len(_checksums) > 256:
+            _checksums.clear()
+        _checksums[ids] = (algorithms, _checksum(algorithms))
+    return _checksums[ids][1]
 
 
-@functools.lru_cache(maxsize=64)
 def _checksum(algorithms: tuple[registry.Algorithm, ...]) -> str:
     items = sorted(
         (a.name, a.exact, a.deterministic, a.accuracy, a.run.__module__, a.run.__qualname__)

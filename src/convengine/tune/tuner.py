@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .. import registry, threads
@@ -29,6 +30,7 @@ ENV_MODE = "CONVENGINE_TUNING"
 
 _mode: str | None = None  # set_tuning's choice; None: follow the environment
 _caches: dict[str, TuningCache] = {}
+_paths: dict[tuple[str | None, ...], Path] = {}  # environment -> cache file
 _caches_lock = threading.Lock()
 _tuning_lock = threading.RLock()  # one benchmark at a time: parallel timings lie
 
@@ -57,9 +59,14 @@ def set_tuning(mode: str | None) -> str | None:
 
 def default_cache() -> TuningCache:
     """The cache of the current cache directory (one object per directory)."""
-    path = cache_dir() / DB_NAME
+    env = tuple(os.environ.get(v) for v in ("CONVENGINE_CACHE_DIR", "XDG_CACHE_HOME", "HOME"))
     with _caches_lock:
-        return _caches.setdefault(str(path), TuningCache(path))
+        if env not in _paths:
+            _paths[env] = cache_dir() / DB_NAME
+        path = _paths[env]
+        if str(path) not in _caches:
+            _caches[str(path)] = TuningCache(path)
+        return _caches[str(path)]
 
 
 def ident(problem: ConvProblem) -> Ident:
@@ -126,16 +133,28 @@ def tune_problem(problem: ConvProblem, *, force: bool = False) -> TuneResult:
         return TuneResult(problem, key[0], ranked[0], results, "tuned")
 
 
+# pick()'s answers, valid while the cache returns the same entry object
+_picks: dict[tuple[ConvProblem, Ident], tuple[Entry, Algorithm | None]] = {}
+
+
 def choose(problem: ConvProblem) -> Algorithm | None:
     """The tuned algorithm for ``auto`` under the current mode; None: use the heuristic."""
     mode = get_tuning()
     if mode == "off" or problem.batch == 0:
         return None
-    entry = default_cache().get(ident(problem))
+    key = ident(problem)
+    entry = default_cache().get(key)
     if entry is None and mode == "on":
         tune_problem(problem)
-        entry = default_cache().get(ident(problem))
-    return None if entry is None else pick(entry, problem)
+        entry = default_cache().get(key)
+    if entry is None:
+        return None
+    hit = _picks.get((problem, key))
+    if hit is None or hit[0] is not entry:
+        if len(_picks) > 4096:
+            _picks.clear()
+        hit = _picks[problem, key] = (entry, pick(entry, problem))
+    return hit[1]
 
 
 def explain_choice(problem: ConvProblem) -> tuple[Algorithm | None, str, dict[str, str]]:
