@@ -9,8 +9,10 @@ Each layer runs the epilogue ResNet-50 puts after it, as one graph:
 The three engines run the same conv algorithm (the heuristic's choice) in
 interleaved rounds (fused, partly_fused, unfused, fused, ...), threads fixed to
 ``--threads``; the medians and the ratios ``unfused / fused`` and
-``partly_fused / fused`` are printed (above 1: fusion is faster). Every engine's
-output is first checked against the unfused one (bit-exact for int8).
+``partly_fused / fused`` are printed (above 1: fusion is faster), and
+``unfused / plan`` for the engine the heuristic picks (``plan``: what a user of
+``g.build()`` gets). Every engine's output is first checked against the unfused one
+(bit-exact for int8).
 
     python bench/bench_graph.py --batch 4 --rounds 7 --layers l1.conv3,l2.conv2
 """
@@ -70,6 +72,7 @@ def measure(layer: suites.Layer, kind: str, rounds: int) -> dict[str, float]:
     problem = prog.problems["conv"]
     med["gflops"] = problem.flops / med["fused"] / 1e9
     med["algo"] = algo  # type: ignore[assignment]
+    med["plan"] = plan.candidate.engine  # type: ignore[assignment]
     med["tiles"] = len(eng.tiles(problem, ce.get_num_threads()))
     return med
 
@@ -86,20 +89,26 @@ def main() -> None:
     wanted = a.layers.split(",")
     layers = [la for la in suites.suite("resnet50", a.batch) if la.name in wanted]
     print(f"{'layer':<12}{'kind':<6}{'algo':<15}{'tiles':>6}{'fused ms':>10}"
-          f"{'partly ms':>10}{'unfused ms':>11}{'unf/fused':>10}{'part/fused':>11}{'GOPS':>7}")
+          f"{'partly ms':>10}{'unfused ms':>11}{'unf/fused':>10}{'part/fused':>11}"
+          f"{'plan':>14}{'unf/plan':>9}{'GOPS':>7}")
     ratios: dict[str, list[float]] = {}
+    chosen: dict[str, list[float]] = {}
     for kind in a.kinds.split(","):
         for layer in layers:
             m = measure(layer, kind, a.rounds)
             r1, r2 = m["unfused"] / m["fused"], m["partly_fused"] / m["fused"]
+            r3 = m["unfused"] / m[m["plan"]]
             ratios.setdefault(kind, []).append(r1)
+            chosen.setdefault(kind, []).append(r3)
             print(f"{layer.name:<12}{kind:<6}{m['algo']:<15}{m['tiles']:>6}"
                   f"{m['fused'] * 1e3:>10.2f}{m['partly_fused'] * 1e3:>10.2f}"
-                  f"{m['unfused'] * 1e3:>11.2f}{r1:>10.2f}{r2:>11.2f}{m['gflops']:>7.0f}",
-                  flush=True)
+                  f"{m['unfused'] * 1e3:>11.2f}{r1:>10.2f}{r2:>11.2f}{m['plan']:>14}"
+                  f"{r3:>9.2f}{m['gflops']:>7.0f}", flush=True)
     for kind, rs in ratios.items():
         geo = float(np.exp(np.mean(np.log(rs))))
-        print(f"{kind}: unfused/fused geomean {geo:.2f}, min {min(rs):.2f}, max {max(rs):.2f}")
+        cg = float(np.exp(np.mean(np.log(chosen[kind]))))
+        print(f"{kind}: unfused/fused geomean {geo:.2f} (min {min(rs):.2f}, max {max(rs):.2f});"
+              f" unfused/plan geomean {cg:.2f} (min {min(chosen[kind]):.2f})")
 
 
 if __name__ == "__main__":

@@ -361,3 +361,23 @@ def test_engine_order_prefers_fusion_for_large_outputs():
         order[name] = engine_order(Program.from_graph(g))
         assert g.build(cache=PlanCache()).engine_name == f"{order[name][0]}[1x1]"
     assert order == {"small": ("partly_fused", "fused", "unfused"), "large": eng.ENGINES}
+
+
+@pytest.mark.parametrize("batch", [0, 3])
+def test_conv_only_graph_and_empty_batch(batch):
+    x = rng.standard_normal((batch, 3, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    g = Graph(layout="NCHW")
+    X, W = g.tensor("x", x.shape), g.tensor("w", w.shape)
+    y = g.conv_fprop(X, W, padding=1).set_output()
+    for engine in eng.ENGINES:
+        got = run(g, engine, "im2col", {X: x, W: w})[y.name]
+        assert_close(got, reference("forward", x, w, padding=1), "float32", engine)
+
+
+def test_tune_policy_times_the_engines():
+    g, t = recipes.conv_bias_act((2, 8, 16, 16), (8, 8, 3, 3), padding=1)
+    plan = g.build("tune", cache=PlanCache())
+    lines = [line for line in plan.describe().splitlines() if "median" in line]
+    assert len(lines) == 3 and sum("chosen" in line for line in lines) == 1
+    assert plan.engine_name in {line.split()[0] for line in lines}

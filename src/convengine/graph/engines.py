@@ -74,11 +74,6 @@ def value(prog: Program, vals: Values, name: str) -> np.ndarray:
     return vals[name] if spec.virtual else internal(vals[name], spec)
 
 
-def internal_shape(spec: TensorSpec) -> tuple[int, ...]:
-    s = spec.shape
-    return (s[0], *s[2:], s[1]) if spec.layout == "NCHW" else s
-
-
 def operand(prog: Program, vals: Values, op: str, name: str, main: str) -> np.ndarray:
     """Side operand ``name`` as a channels-last array broadcastable against ``main``:
     numpy broadcasting in the user's layout, then the same axis move as ``main``

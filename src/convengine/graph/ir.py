@@ -236,7 +236,7 @@ class Graph:
         return self._add("bias", (a, b), name)
 
     def scale(self, a: Tensor, factor: float, name: str | None = None) -> Tensor:
-        """a * factor (a scalar, rounded to the compute dtype)."""
+        """a * factor (the factor as float32, or float64 in a float64 graph)."""
         return self._add("scale", (a,), name, factor=factor)
 
     def relu(self, a: Tensor, name: str | None = None) -> Tensor:
