@@ -400,7 +400,7 @@ def _common(p: argparse.ArgumentParser, json_help: str) -> None:
 def _suite_args(p: argparse.ArgumentParser, default_pass: str, threads: int | None) -> None:
     p.add_argument("--suite", default="resnet50", choices=[*suites.suite_names(), "all"],
                    help="layer suite (default resnet50)")
-    p.add_argument("--pass", dest="pass_", default=default_pass,
+    p.add_argument("--pass", dest="pass_", default=default_pass, metavar="PASSES",
                    help=f"comma-separated passes: fwd,bwd_data,bwd_weight (default {default_pass})")
     p.add_argument("--batch", type=int, help="batch size (default: the suite's, see suites.py)")
     p.add_argument("--layers", metavar="TEXT", help="only layers whose name contains TEXT")
@@ -410,7 +410,10 @@ def _suite_args(p: argparse.ArgumentParser, default_pass: str, threads: int | No
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="convengine", description=__doc__.split("\n")[0])
+    top = argparse.ArgumentParser(
+        prog="convengine",
+        description="Benchmark, tune and inspect convengine's convolution algorithms.",
+    )
     top.add_argument("--version", action="version", version=f"convengine {__version__}")
     sub = top.add_subparsers(dest="command", required=True)
 
