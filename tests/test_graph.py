@@ -379,5 +379,5 @@ def test_tune_policy_times_the_engines():
     g, t = recipes.conv_bias_act((2, 8, 16, 16), (8, 8, 3, 3), padding=1)
     plan = g.build("tune", cache=PlanCache())
     lines = [line for line in plan.describe().splitlines() if "median" in line]
-    assert len(lines) == 3 and sum("chosen" in line for line in lines) == 1
+    assert len(lines) >= 3 and sum("chosen" in line for line in lines) == 1
     assert plan.engine_name in {line.split()[0] for line in lines}
