@@ -135,6 +135,21 @@ def test_rank_prefers_more_accurate_within_the_tie_band_and_skips_failures():
     assert bench.rank({"broken": {"error": "x"}}, accuracy) == []
 
 
+def test_bucket_mates_get_the_best_measured_algorithm_that_serves_them(monkeypatch):
+    def picky(p):
+        return "odd batches only" if p.batch % 2 == 0 else None
+
+    table = dict(registry._REGISTRY["forward"])
+    table["picky"] = dataclasses.replace(table["im2col"], name="picky", supports=picky)
+    monkeypatch.setitem(registry._REGISTRY, "forward", table)
+    odd, even = problem(batch=3), problem(batch=4)
+    assert tuner.ident(odd) == tuner.ident(even)
+    entry = cache.Entry(*tuner.ident(odd)[:1], "forward", *tuner.ident(odd)[1:], "picky",
+                        {"picky": {"median_s": 1.0}, "im2col": {"median_s": 2.0}}, "")
+    assert tuner.pick(entry, odd).name == "picky"
+    assert tuner.pick(entry, even).name == "im2col"
+
+
 def test_tuned_conv_matches_the_reference(count_benchmarks):
     p = problem(batch=3, c=5, o=7, size=9)
     x, w = operands(p)

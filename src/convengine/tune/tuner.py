@@ -113,7 +113,8 @@ def tune_problem(problem: ConvProblem, *, force: bool = False) -> TuneResult:
     """Benchmark the candidates of one problem (unless cached) and store the result.
 
     Ignores the mode: this is the explicit request to measure. Empty problems
-    (batch 0) are skipped."""
+    (batch 0) are skipped. A cached entry of the problem's bucket is used when one
+    of its measured algorithms serves this exact problem; ``choice`` is that one."""
     if not isinstance(problem, ConvProblem):
         raise TypeError(f"problem must be a ConvProblem, got {type(problem).__name__}")
     cache, key = default_cache(), ident(problem)
@@ -121,8 +122,9 @@ def tune_problem(problem: ConvProblem, *, force: bool = False) -> TuneResult:
         return TuneResult(problem, key[0], None, {}, "skipped")
     with _tuning_lock:
         entry = None if force else cache.get(key)
-        if entry is not None:
-            return TuneResult(problem, key[0], entry.choice, entry.results, "cache")
+        cached = None if entry is None else pick(entry, problem)
+        if entry is not None and cached is not None:  # else: measure this very problem
+            return TuneResult(problem, key[0], cached.name, entry.results, "cache")
         candidates = [a for a in registry.all_for(problem.pass_) if a.supports(problem) is None]
         results = bench.benchmark(problem, candidates)
         ranked = bench.rank(results, _accuracy(problem.pass_))
