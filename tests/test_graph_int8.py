@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from convengine import ConvSetupError
-from convengine.graph import Candidate, PlanCache, recipes
+from convengine.graph import Candidate, Graph, PlanCache, recipes
 from convengine.graph import engines as eng
 from convengine.graph.plan import engine_order
 from convengine.graph.program import Program
@@ -61,7 +61,7 @@ def test_int8_engines_bit_exact(case, monkeypatch):
     prog = Program.from_graph(g)
     monkeypatch.setattr(eng, "TILE_BYTES", 512)  # several tiles, row blocks included
     monkeypatch.setattr(eng, "MIN_TILE_PIXELS", 1)
-    for engine in eng.ENGINES:
+    for engine in (eng.KERNEL_FUSED, *eng.ENGINES):
         built = eng.build(Candidate(engine, eng.INT_ALGO), prog, True, False)
         assert not isinstance(built, str), built
         got = built.run(bind)["requant.out"]
@@ -89,3 +89,19 @@ def test_requantize_range_checked():
                                         y_scale=1.0, y_zero_point=200)
     with pytest.raises(ConvSetupError, match=r"node 'requant' \(requantize\): zero_point 200"):
         g.validate()
+
+
+def test_other_int8_chains_fall_back_to_tiles():
+    """A chain the kernel epilogue cannot express (a clamp before requantize) is
+    refused by kernel_fused and served, bit-exactly, by the tiled engines."""
+    g = Graph(io_dtype="int8", layout="NHWC")
+    X, W = g.tensor("x", (2, 10, 10, 8)), g.tensor("w", (16, 3, 3, 8))
+    y = g.requantize(g.clamp(g.conv_fprop(X, W, padding=1), -3000, 2000), 0.05, 1, "int8")
+    y.set_output()
+    x = rng.integers(-128, 128, (2, 10, 10, 8)).astype(np.int8)
+    w = rng.integers(-128, 128, (16, 3, 3, 8)).astype(np.int8)
+    plan = g.build("all", cache=PlanCache())
+    assert "kernel_fused[int8_exact]     refused: kernel_fused needs the chain" in plan.describe()
+    acc = reference("forward", x, w, padding=1, layout="NHWC").astype(np.float32)
+    expect = np.clip(np.rint(np.clip(acc, -3000, 2000) * np.float32(0.05)) + 1, -128, 127)
+    np.testing.assert_array_equal(plan.execute({X: x, W: w})[y], expect.astype(np.int8))

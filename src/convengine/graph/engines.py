@@ -1,4 +1,4 @@
-"""Engines: three ways to execute a graph, each with a conv algorithm.
+"""Engines: ways to execute a graph, each with a conv algorithm.
 
 - ``fused``: the conv runs in output tiles (row blocks of an image, or a few whole
   images) and the whole pointwise chain is applied to each tile while it is in
@@ -10,6 +10,8 @@
   its output (one buffer, one extra pass per op, no intermediates).
 - ``unfused``: every op is a separate kernel that materialises its result; any
   valid graph, the fallback that always works.
+- ``kernel_fused``: int8 only, PyTorch's cuDNN recipe (``[bias] [relu] requantize``)
+  done by the int8 kernels' own epilogue as each register block is stored.
 
 All values inside are channels-last; ``epilogue.apply`` does every pointwise op, so
 the engines differ only in where the data lives, never in the arithmetic.
@@ -34,7 +36,8 @@ from . import epilogue
 from .ir import QUANT_DTYPES, REDUCED_DTYPES, Node
 from .program import Chain, Program, TensorSpec
 
-ENGINES = ("fused", "partly_fused", "unfused")
+ENGINES = ("fused", "partly_fused", "unfused")  # every graph kind
+KERNEL_FUSED = "kernel_fused"  # int8 chains only: the epilogue inside the kernel's store
 INT_ALGO = "int8_exact"
 TILE_BYTES = 1 << 20  # fused tiles: about half of one core's L2
 MIN_TILE_PIXELS = 64  # ... but never fewer output pixels (GEMM efficiency, weight reuse)
@@ -160,6 +163,8 @@ def build(cand: Candidate, prog: Program, deterministic: bool, reduced: bool) ->
         return chain
     if cand.engine == "partly_fused":
         return _partly_fused(prog, chain, cand.algo)
+    if cand.engine == KERNEL_FUSED:
+        return _kernel_fused(prog, chain)
     return _fused(prog, chain, cand.algo, deterministic, reduced)
 
 
@@ -371,6 +376,36 @@ def _fused(prog: Program, chain: Chain, algo: str, deterministic: bool,
 
         with single_threaded_blas():
             run_parallel(work, min(get_num_threads(), len(plan)))
+        return {out_name: arr}
+
+    return Built(run, space)
+
+
+def _kernel_fused(prog: Program, chain: Chain) -> Built | str:
+    """cuDNN's quantized recipe, ``[bias] [relu] requantize`` after an int8 conv,
+    computed by the quant kernels' own epilogue as each register block is stored."""
+    problem = prog.problems[chain.conv.name]
+    if problem.dtype != "int8":
+        return f"{KERNEL_FUSED} serves int8 convs only"
+    ops = tuple(n.op for n in chain.ops)
+    if ops not in (("requantize",), ("relu", "requantize"), ("bias", "requantize"),
+                   ("bias", "relu", "requantize")):
+        return f"{KERNEL_FUSED} needs the chain [bias] [relu] requantize, got {list(ops)}"
+    from .qnum import int8_conv_requant
+
+    requant, out_name = chain.ops[-1].attrs, prog.outputs[0]
+    nchw = prog.tensors[out_name].layout == "NCHW"
+    space = math.prod(prog.tensors[out_name].shape) if nchw else 0
+
+    def run(vals: Values) -> Values:
+        vals, operands = _prologue(prog, chain, INT_ALGO, vals)
+        x, w = (conv_operand(value(prog, vals, n), problem) for n in chain.conv.inputs)
+        arr, out = _result(prog, out_name)
+        dest = np.empty(out.shape, out.dtype) if nchw else out
+        int8_conv_requant(problem, x, w, operands[0] if ops[0] == "bias" else None,
+                          requant["scale"], requant["zero_point"], "relu" in ops, dest)
+        if nchw:
+            np.copyto(out, dest)
         return {out_name: arr}
 
     return Built(run, space)

@@ -157,7 +157,7 @@ def _algorithms(prog: Program, policy: str) -> list[str]:
     problem = prog.problems[convs[0].name]
     if problem.dtype == "int8":
         return [INT_ALGO]
-    order = list(select._preference(problem))  # noqa: SLF001 - the one ranking there is
+    order = list(select._preference(problem))  # select's one preference ranking
     if len(convs) > 1:
         return order
     if policy == "tune":
@@ -172,13 +172,17 @@ def _algorithms(prog: Program, policy: str) -> list[str]:
 
 def engine_order(prog: Program) -> tuple[str, ...]:
     """Fusion first, unless the conv's whole output fits in one tile: then tiling
-    saves no memory traffic and only costs parallelism, so partly_fused leads."""
+    saves no memory traffic and only costs parallelism, so partly_fused leads.
+    An int8 conv tries its kernel's own epilogue (``kernel_fused``) before all."""
     convs = prog.convs
+    order: tuple[str, ...] = ENGINES
     if len(convs) == 1:
         spec = prog.tensors[convs[0].output]
         if 4 * math.prod(spec.shape) <= engines.TILE_BYTES:
-            return ("partly_fused", "fused", "unfused")
-    return ENGINES
+            order = ("partly_fused", "fused", "unfused")
+        if prog.problems[convs[0].name].dtype == "int8":
+            order = (engines.KERNEL_FUSED, *order)
+    return order
 
 
 def candidates(prog: Program, policy: str, deterministic: bool, reduced: bool) -> list[Candidate]:

@@ -1,12 +1,15 @@
 """The integer numerics the graph engines call: all of it lives in convengine.quant.
 
-The int8 conv is ``quant.qconv`` returning its raw int32 accumulator (exact).
+The int8 conv is ``quant.qconv`` returning its raw int32 accumulator (exact), or,
+for the ``kernel_fused`` engine, the quant kernels with the epilogue in their store.
 ``requantize`` (cuDNN's graph: a float32 value times a float32 multiplier, rounded
 half to even, plus the zero point, saturated) is ``quant.numerics.apply_requant``
 with a zero bias.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -35,3 +38,24 @@ def int8_conv_refusal(problem: ConvProblem) -> str | None:
     if problem.pass_ != "forward":
         return "the int8 conv is forward only"
     return None
+
+
+def int8_conv_requant(problem: ConvProblem, x: np.ndarray, w: np.ndarray,
+                      bias: np.ndarray | None, multiplier: float, zero_point: int,
+                      relu: bool, out: np.ndarray) -> None:
+    """The int8 conv with cuDNN's epilogue applied in the kernel's store, into ``out``
+    (channels-last, C-contiguous, int8/uint8):
+    ``saturate(rint((f32(acc) + bias) * multiplier) + zp)``, ReLU as a clamp at zp
+    (equal to ReLU before the positive multiplier). Uses ``quant.api``'s kernel entry
+    with a :class:`Requant` built here, since ``qconv`` derives its own constants."""
+    from ..quant import api
+
+    cl = dataclasses.replace(problem, layout="NHWC")
+    o = problem.out_channels
+    lo, hi = dtype_range(out.dtype)
+    rq = Requant("float", np.full(o, multiplier, np.float32),
+                 np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias),
+                 zero_point, max(lo, zero_point) if relu else lo, hi)
+    if out.size:
+        api._run(api.choose_algo(cl, "auto"), cl, api._canonical(x, cl), 0,
+                 api._canonical(w, cl), np.zeros(o, np.int64), rq, 0, out.reshape(-1, o))
