@@ -6,13 +6,13 @@ Each layer runs the epilogue ResNet-50 puts after it, as one graph:
   folded batch-norm bias and the skip connection);
 - int8: PyTorch's quantized cuDNN recipe ``requant(relu(conv(x_q, w_q) + bias'))``.
 
-The three engines run the same conv algorithm (the heuristic's choice) in
-interleaved rounds (fused, partly_fused, unfused, fused, ...), threads fixed to
-``--threads``; the medians and the ratios ``unfused / fused`` and
-``partly_fused / fused`` are printed (above 1: fusion is faster), and
-``unfused / plan`` for the engine the heuristic picks (``plan``: what a user of
-``g.build()`` gets). Every engine's output is first checked against the unfused one
-(bit-exact for int8).
+The engines run the same conv algorithm (the heuristic's choice) in interleaved
+rounds (fused, partly_fused, unfused, fused, ...; int8 adds kernel_fused, the
+epilogue in the int8 kernel's store), threads fixed to ``--threads``; the medians
+and the ratios ``unfused / fused``, ``unfused / kernel_fused`` and
+``unfused / plan`` are printed (above 1: faster than the unfused chain; ``plan``
+is the engine the heuristic picks, what a user of ``g.build()`` gets). Every
+engine's output is first checked against the unfused one (bit-exact for int8).
 
     python bench/bench_graph.py --batch 4 --rounds 7 --layers l1.conv3,l2.conv2
 """
@@ -52,7 +52,8 @@ def measure(layer: suites.Layer, kind: str, rounds: int) -> dict[str, float]:
     prog = Program.from_graph(g)
     plan = g.build()
     algo = plan.candidate.algo
-    built = {e: eng.build(Candidate(e, algo), prog, False, False) for e in eng.ENGINES}
+    names = (eng.KERNEL_FUSED, *eng.ENGINES) if kind == "int8" else eng.ENGINES
+    built = {e: eng.build(Candidate(e, algo), prog, False, False) for e in names}
     vals = random_inputs(prog)
     if kind == "int8":  # a realistic bias in the accumulator's units
         vals["bias"] = (vals["bias"] * 0.02 * 0.004 * 200).astype(np.float32)
@@ -70,7 +71,7 @@ def measure(layer: suites.Layer, kind: str, rounds: int) -> dict[str, float]:
             times[e].append(time.perf_counter() - t0)
     med = {e: statistics.median(ts) for e, ts in times.items()}
     problem = prog.problems["conv"]
-    med["gflops"] = problem.flops / med["fused"] / 1e9
+    med["gflops"] = problem.flops / med[plan.candidate.engine] / 1e9
     med["algo"] = algo  # type: ignore[assignment]
     med["plan"] = plan.candidate.engine  # type: ignore[assignment]
     med["tiles"] = len(eng.tiles(problem, ce.get_num_threads()))
@@ -88,22 +89,24 @@ def main() -> None:
     ce.set_num_threads(a.threads)
     wanted = a.layers.split(",")
     layers = [la for la in suites.suite("resnet50", a.batch) if la.name in wanted]
-    print(f"{'layer':<12}{'kind':<6}{'algo':<15}{'tiles':>6}{'fused ms':>10}"
-          f"{'partly ms':>10}{'unfused ms':>11}{'unf/fused':>10}{'part/fused':>11}"
+    print(f"{'layer':<12}{'kind':<6}{'algo':<12}{'tiles':>6}{'kernel ms':>10}{'fused ms':>10}"
+          f"{'partly ms':>10}{'unfused ms':>11}{'unf/fused':>10}{'unf/kern':>9}"
           f"{'plan':>14}{'unf/plan':>9}{'GOPS':>7}")
     ratios: dict[str, list[float]] = {}
     chosen: dict[str, list[float]] = {}
     for kind in a.kinds.split(","):
         for layer in layers:
             m = measure(layer, kind, a.rounds)
-            r1, r2 = m["unfused"] / m["fused"], m["partly_fused"] / m["fused"]
-            r3 = m["unfused"] / m[m["plan"]]
+            r1, r3 = m["unfused"] / m["fused"], m["unfused"] / m[m["plan"]]
+            kern = m.get(eng.KERNEL_FUSED)
+            kern_ms = "-" if kern is None else f"{kern * 1e3:.2f}"
+            kern_ratio = "-" if kern is None else f"{m['unfused'] / kern:.2f}"
             ratios.setdefault(kind, []).append(r1)
             chosen.setdefault(kind, []).append(r3)
-            print(f"{layer.name:<12}{kind:<6}{m['algo']:<15}{m['tiles']:>6}"
+            print(f"{layer.name:<12}{kind:<6}{m['algo']:<12}{m['tiles']:>6}{kern_ms:>10}"
                   f"{m['fused'] * 1e3:>10.2f}{m['partly_fused'] * 1e3:>10.2f}"
-                  f"{m['unfused'] * 1e3:>11.2f}{r1:>10.2f}{r2:>11.2f}{m['plan']:>14}"
-                  f"{r3:>9.2f}{m['gflops']:>7.0f}", flush=True)
+                  f"{m['unfused'] * 1e3:>11.2f}{r1:>10.2f}{kern_ratio:>9}"
+                  f"{m['plan']:>14}{r3:>9.2f}{m['gflops']:>7.0f}", flush=True)
     for kind, rs in ratios.items():
         geo = float(np.exp(np.mean(np.log(rs))))
         cg = float(np.exp(np.mean(np.log(chosen[kind]))))
