@@ -46,11 +46,11 @@ def _canonical(a: np.ndarray, problem: ConvProblem) -> np.ndarray:
     return np.ascontiguousarray(a.reshape(a.shape[0], *(1,) * pad, *a.shape[1:]))
 
 
-def _geometry(problem: ConvProblem, padded: bool) -> np.ndarray:
+def _geometry(problem: ConvProblem) -> np.ndarray:
     def three(values: tuple[int, ...], fill: int) -> list[int]:
         return [fill] * (3 - problem.ndim) + list(values)
 
-    pads = tuple(0 if padded else lo for lo, _ in problem.padding)
+    pads = tuple(lo for lo, _ in problem.padding)
     return np.array(
         three(problem.kernel, 1) + three(problem.stride, 1) + three(pads, 0)
         + three(problem.dilation, 1) + three(problem.out_size, 1),
@@ -168,15 +168,15 @@ def _run(path: str, problem: ConvProblem, x: np.ndarray, xzp: int, w: np.ndarray
     args = (mode, rq.multiplier, bias_f, bias_i, rq.zero_point, rq.lo, rq.hi, y)
     packed = packed_weights(w, wzp, problem.groups, path)
     if path == "depthwise":
-        xf = (xu ^ np.uint8(flip)).astype(np.float32) - np.float32(xzp_u)
-        pads = [(0, 0)] * (3 - problem.ndim) + list(problem.padding)
-        xf = np.pad(xf, ((0, 0), *pads, (0, 0)))
-        kernels.conv_depthwise(xf, packed.data, _geometry(problem, True), *args)
+        xs = xu ^ np.uint8(flip) if flip else xu
+        kernels.conv_depthwise(xs, xzp_u, packed.data, _geometry(problem), *args)
     elif path == "portable":
-        kernels.conv_portable(xu, flip, xzp_u, packed.data, _geometry(problem, False),
+        kernels.conv_portable(xu, flip, xzp_u, packed.data, _geometry(problem),
                               problem.groups, *args)
     else:
-        col_term = packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum
-        kernels.conv_vnni(xu, flip, xzp_u, packed.data, packed.wzp, col_term,
-                          _geometry(problem, False), problem.groups, packed.kc, packed.kc4,
-                          packed.nb, *args)
+        col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
+        direct = (problem.is_pointwise and problem.groups == 1 and flip == 0
+                  and problem.in_channels % 4 == 0)
+        kernels.conv_vnni(xu, flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term,
+                          _geometry(problem), problem.groups, packed.kc, packed.kc4,
+                          packed.nb, direct, *args)

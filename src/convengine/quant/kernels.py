@@ -7,7 +7,7 @@ problems padded to 3-D with unit dims, ``geo`` the int64 vector
 ``out (N * OD * OH * OW, O)``. Zero points: ``xzp`` of the shifted activations,
 ``wzp (O,)`` of the (signed) weights, so ``acc = sum (x - xzp)(w - wzp)``.
 
-- :func:`conv_vnni`: im2col panels of 48 rows gathered into a small buffer, then the
+- :func:`conv_vnni`: im2col panels of 12 rows gathered into a small buffer, then the
   VNNI micro-kernel on weights prepacked (g, O/64, Kc/4, 64, 4); zero points enter
   through row sums and precomputed column terms, as in fbgemm.
 - :func:`conv_portable`: the same gather into int16 differences, int32 dot products.
@@ -25,7 +25,7 @@ from numba import njit, prange
 
 from ._vnni import MR, NR, ukernel_6x64
 
-PANEL_ROWS = 8 * MR
+PANEL_ROWS = 2 * MR
 DEPTHWISE_MAX_TAPS = (1 << 24) // (255 * 255)
 
 
@@ -52,11 +52,12 @@ def _decode(m, geo):
 
 
 @njit(inline="always")
-def _gather_u8(x, m, g, cg, geo, flip, padval, buf, pos):
-    """Row m of the im2col matrix of group g, as uint8, into buf[pos:pos + Kc]; its sum."""
+def _gather_u8(x, m, g, cg, geo, padval, buf, pos):
+    """Row m of the im2col matrix of group g into buf[pos:pos + Kc], raw bytes of x
+    (``padval`` where the window leaves the input)."""
     n, od, oh, ow = _decode(m, geo)
-    d_in, h_in, w_in = x.shape[1], x.shape[2], x.shape[3]
-    total = 0
+    d_in, h_in, w_in, chans = x.shape[1], x.shape[2], x.shape[3], x.shape[4]
+    xflat = x.reshape(-1)
     for kd in range(geo[0]):
         iz = od * geo[3] - geo[6] + kd * geo[9]
         for kh in range(geo[1]):
@@ -64,52 +65,91 @@ def _gather_u8(x, m, g, cg, geo, flip, padval, buf, pos):
             for kw in range(geo[2]):
                 ix = ow * geo[5] - geo[8] + kw * geo[11]
                 if 0 <= iz < d_in and 0 <= iy < h_in and 0 <= ix < w_in:
-                    for c in range(cg):
-                        v = x[n, iz, iy, ix, g * cg + c] ^ flip
-                        buf[pos + c] = v
-                        total += v
+                    src = (((n * d_in + iz) * h_in + iy) * w_in + ix) * chans + g * cg
+                    for c in range(cg):  # unsigned indices: no wraparound checks
+                        buf[np.uintp(pos + c)] = xflat[np.uintp(src + c)]
                 else:
                     for c in range(cg):
-                        buf[pos + c] = padval
-                    total += padval * cg
+                        buf[np.uintp(pos + c)] = padval
                 pos += cg
+
+
+@njit(inline="always")
+def _flip_and_sum(buf, pos, kc, flip, need_sum):
+    """XOR a gathered row with ``flip`` (int8 -> uint8 shift); its byte sum if asked."""
+    if flip != 0:
+        for k in range(kc):
+            buf[np.uintp(pos + k)] ^= flip
+    total = np.int32(0)
+    if need_sum:
+        for k in range(kc):
+            total += np.int32(buf[np.uintp(pos + k)])
     return total
 
 
+@njit(inline="always")
+def _store_tile(tile, mr, ncol, m0, o0, rows, r0, wzp, col_term, mode, mult, bias_f, bias_i,
+                zp, lo, hi, out):
+    """Requantize an int32 tile (rows m0.., channels o0..) straight into ``out``."""
+    flo, fhi, fzp = np.float32(lo), np.float32(hi), np.float32(zp)
+    for r in range(mr):
+        rowsum = rows[np.uintp(r0 + r)]
+        t = r * NR
+        m = np.uintp(m0 + r)
+        if mode == 0:
+            for j in range(ncol):
+                o = np.uintp(o0 + j)
+                acc = np.int32(tile[t + j] - wzp[o] * rowsum + col_term[o])
+                v = np.rint((np.float32(acc) + bias_f[o]) * mult[o]) + fzp
+                out[m, o] = np.int32(min(max(v, flo), fhi))
+        else:
+            for j in range(ncol):
+                o = np.uintp(o0 + j)
+                acc = tile[t + j] - wzp[o] * rowsum + col_term[o]
+                out[m, o] = _epilogue(acc, o, mode, mult, bias_f, bias_i, zp, lo, hi)
+
+
 @njit(parallel=True, cache=True)
-def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb,
+def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
               mode, mult, bias_f, bias_i, zp, lo, hi, out):
     """out[m, o] = epilogue(sum_k (a[m, k] - xzp)(w[o, k] - wzp[o])) via vpdpbusd.
 
-    ``wp`` flat int8 (g, nb, kc4, 64, 4); ``col_term[o] = kc*xzp*wzp[o] - xzp*sum_k w[o, k]``.
+    ``wp`` flat int8 (g, nb, kc4, 64, 4); ``wzp``, ``col_term`` (O,) int32 with
+    ``col_term[o] = kc*xzp*wzp[o] - xzp*sum_k w[o, k]`` (wrapping like the int32 sum).
+    ``direct``: a 1x1, stride-1, unpadded, ungrouped conv on uint8 with C % 4 == 0 reads
+    x in place (no im2col).
     """
     m_total = out.shape[0]
     og = out.shape[1] // groups
     cg = x.shape[4] // groups
     lda = kc4 * 4
+    xflat = x.reshape(-1)
+    need_sum = np.any(wzp != 0)
     npanel = (m_total + PANEL_ROWS - 1) // PANEL_ROWS
     for p in prange(npanel):
         buf = np.zeros(PANEL_ROWS * lda, np.uint8)
-        rows = np.zeros(PANEL_ROWS, np.int64)
+        rows = np.zeros(PANEL_ROWS, np.int32)
         tile = np.empty(MR * NR, np.int32)
         m0 = p * PANEL_ROWS
         m1 = min(m_total, m0 + PANEL_ROWS)
         for g in range(groups):
             for m in range(m0, m1):
-                rows[m - m0] = _gather_u8(x, m, g, cg, geo, flip, xzp, buf, (m - m0) * lda)
+                if direct:
+                    rows[m - m0] = _flip_and_sum(xflat, m * kc, kc, 0, need_sum)
+                else:
+                    _gather_u8(x, m, g, cg, geo, xzp ^ flip, buf, (m - m0) * lda)
+                    rows[m - m0] = _flip_and_sum(buf, (m - m0) * lda, kc, flip, need_sum)
             for b in range(nb):
                 ncol = min(NR, og - b * NR)
                 for rb in range(m0, m1, MR):
                     mr = min(MR, m1 - rb)
-                    ukernel_6x64(buf, (rb - m0) * lda, lda, wp, (g * nb + b) * kc4 * NR * 4,
-                                 kc4, mr, tile)
-                    for r in range(mr):
-                        rowsum = rows[rb - m0 + r]
-                        for j in range(ncol):
-                            o = g * og + b * NR + j
-                            acc = np.int64(tile[r * NR + j]) - wzp[o] * rowsum + col_term[o]
-                            out[rb + r, o] = _epilogue(acc, o, mode, mult, bias_f, bias_i,
-                                                       zp, lo, hi)
+                    if direct:
+                        ukernel_6x64(xflat, rb * kc, kc, wp, b * kc4 * NR * 4, kc4, mr, tile)
+                    else:
+                        ukernel_6x64(buf, (rb - m0) * lda, lda, wp,
+                                     (g * nb + b) * kc4 * NR * 4, kc4, mr, tile)
+                    _store_tile(tile, mr, ncol, rb, g * og + b * NR, rows, rb - m0, wzp,
+                                col_term, mode, mult, bias_f, bias_i, zp, lo, hi, out)
 
 
 @njit(parallel=True, cache=True)
@@ -126,9 +166,9 @@ def conv_portable(x, flip, xzp, wd, geo, groups, mode, mult, bias_f, bias_i,
         diff = np.empty(kc, np.int16)
         for m in range(p * PANEL_ROWS, min(m_total, (p + 1) * PANEL_ROWS)):
             for g in range(groups):
-                _gather_u8(x, m, g, cg, geo, flip, xzp, buf, 0)
+                _gather_u8(x, m, g, cg, geo, xzp ^ flip, buf, 0)
                 for k in range(kc):
-                    diff[k] = np.int16(buf[k]) - np.int16(xzp)
+                    diff[k] = np.int16(buf[k] ^ flip) - np.int16(xzp)
                 for j in range(og):
                     o = g * og + j
                     acc = np.int32(0)
@@ -138,30 +178,50 @@ def conv_portable(x, flip, xzp, wd, geo, groups, mode, mult, bias_f, bias_i,
 
 
 @njit(parallel=True, fastmath={"contract"}, cache=True)
-def conv_depthwise(xf, wf, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out):
-    """Depthwise: xf (N, Dp, Hp, Wp, C) float32 ``x - xzp`` zero-padded, wf (taps, C)
-    float32 ``w - wzp``; every partial sum is an integer below 2**24 (exact)."""
-    n_img, od_n, oh_n, ow_n = xf.shape[0], geo[12], geo[13], geo[14]
-    chans = xf.shape[4]
+def conv_depthwise(x, xzp, wf, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out):
+    """Depthwise (groups == C == O) on uint8 x (int8 shifted by the caller):
+    wf (taps, C) float32 ``w - wzp``. One output row
+    (all OW x C) accumulates in float32 tap by tap; taps that fall in the padding
+    add nothing and are skipped. Every partial sum is an integer below 2**24: exact."""
+    n_img, d_in, h_in, w_in, chans = x.shape
+    od_n, oh_n, ow_n = geo[12], geo[13], geo[14]
+    sw, pw, dw = geo[5], geo[8], geo[11]
+    xflat = x.reshape(-1)
+    wflat = wf.reshape(-1)
+    fzp = np.float32(xzp)
     for row in prange(n_img * od_n * oh_n):
         n = row // (od_n * oh_n)
         od = (row // oh_n) % od_n
         oh = row % oh_n
-        acc = np.empty(chans, np.float32)
+        acc = np.zeros(ow_n * chans, np.float32)
+        for kd in range(geo[0]):
+            iz = od * geo[3] - geo[6] + kd * geo[9]
+            for kh in range(geo[1]):
+                iy = oh * geo[4] - geo[7] + kh * geo[10]
+                if iz < 0 or iz >= d_in or iy < 0 or iy >= h_in:
+                    continue
+                base = ((n * d_in + iz) * h_in + iy) * w_in
+                for kw in range(geo[2]):
+                    wb = ((kd * geo[1] + kh) * geo[2] + kw) * chans
+                    shift = kw * dw - pw
+                    ow_lo = max(0, (-shift + sw - 1) // sw)
+                    ow_hi = min(ow_n, (w_in - 1 - shift) // sw + 1)
+                    for ow in range(ow_lo, ow_hi):
+                        xb = (base + ow * sw + shift) * chans
+                        ab = ow * chans
+                        for c in range(chans):  # unsigned indices: no wraparound checks
+                            xv = np.float32(xflat[np.uintp(xb + c)]) - fzp
+                            acc[np.uintp(ab + c)] += xv * wflat[np.uintp(wb + c)]
+        m0 = row * ow_n
+        flo, fhi, fz = np.float32(lo), np.float32(hi), np.float32(zp)
         for ow in range(ow_n):
-            acc[:] = 0
-            tap = 0
-            for kd in range(geo[0]):
-                iz = od * geo[3] + kd * geo[9]
-                for kh in range(geo[1]):
-                    iy = oh * geo[4] + kh * geo[10]
-                    for kw in range(geo[2]):
-                        xr = xf[n, iz, iy, ow * geo[5] + kw * geo[11]]
-                        wr = wf[tap]
-                        for c in range(chans):
-                            acc[c] += xr[c] * wr[c]
-                        tap += 1
-            m = row * ow_n + ow
-            for c in range(chans):
-                out[m, c] = _epilogue(np.int64(acc[c]), c, mode, mult, bias_f, bias_i,
-                                      zp, lo, hi)
+            ab = ow * chans
+            m = np.uintp(m0 + ow)
+            if mode == 0:
+                for c in range(chans):
+                    v = np.rint((acc[ab + c] + bias_f[c]) * mult[c]) + fz
+                    out[m, c] = np.int32(min(max(v, flo), fhi))
+            else:
+                for c in range(chans):
+                    out[m, c] = _epilogue(np.int64(acc[ab + c]), c, mode, mult, bias_f,
+                                          bias_i, zp, lo, hi)
