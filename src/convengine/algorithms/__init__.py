@@ -1,3 +1,11 @@
 """The algorithms; importing this package registers every one of them."""
 
-from . import direct, im2col, implicit_gemm, pointwise, reference, winograd  # noqa: F401
+from . import (  # noqa: F401
+    direct,
+    flat_gemm,
+    im2col,
+    implicit_gemm,
+    pointwise,
+    reference,
+    winograd,
+)
