@@ -295,11 +295,13 @@ def test_threads_tuning_at_once_measure_once(count_benchmarks):
             errors.append(exc)
 
     threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == [] and len(outputs) == 4
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert tuning_warnings(record) == [] and errors == [] and len(outputs) == 4
     for y in outputs:
         assert_close(y, expected, "float32", "threaded conv")
     assert len(count_benchmarks) == 1
@@ -316,6 +318,22 @@ def test_second_cache_object_reads_the_first_ones_file(tuning, count_benchmarks)
     assert entry is not None and entry.choice == chosen
     with sqlite3.connect(tuning / cache.DB_NAME) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_connections_creating_the_file_at_once_all_succeed(tmp_path):
+    """The table and its schema version appear in one transaction."""
+    for trial in range(10):
+        path = tmp_path / str(trial) / cache.DB_NAME
+        caches = [cache.TuningCache(path) for _ in range(6)]
+        workers = [threading.Thread(target=c.get, args=(("k", "h", "v", "c"),))
+                   for c in caches]
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            for t in workers:
+                t.start()
+            for t in workers:
+                t.join()
+        assert [c.failure for c in caches if c.failure] == [] and not tuning_warnings(record)
 
 
 def run_convs_expecting_one_warning(problems):

@@ -104,14 +104,13 @@ class Entry:
 
 
 _COLUMNS = "key, pass, host, version, candidates, choice, results, problem, created"
-_SCHEMA = f"""
+_SCHEMA = """
 CREATE TABLE IF NOT EXISTS tuning (
     key TEXT NOT NULL, pass TEXT NOT NULL, host TEXT NOT NULL, version TEXT NOT NULL,
     candidates TEXT NOT NULL, choice TEXT NOT NULL, results TEXT NOT NULL,
     problem TEXT NOT NULL, created REAL NOT NULL,
     PRIMARY KEY (key, host, version, candidates)
-); -- columns: {_COLUMNS}
-"""
+)"""
 
 
 def _row_to_entry(row: tuple[Any, ...]) -> Entry:
@@ -148,10 +147,15 @@ class TuningCache:
                     "SELECT name FROM sqlite_master WHERE type='table' AND name='tuning'"
                 ).fetchall()
                 if not tables:
-                    conn.execute("PRAGMA journal_mode=WAL")
-                    with conn:
-                        conn.executescript(_SCHEMA)
-                        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                    try:
+                        conn.execute("PRAGMA journal_mode=WAL")
+                    except sqlite3.OperationalError:
+                        pass  # another connection is open: it has set WAL, or will
+                    # the table and its version appear together, or not at all
+                    conn.executescript(
+                        f"BEGIN IMMEDIATE; {_SCHEMA}; PRAGMA user_version={SCHEMA_VERSION}; "
+                        "COMMIT;"
+                    )
                 else:
                     (found,) = conn.execute("PRAGMA user_version").fetchone()
                     if found != SCHEMA_VERSION:
