@@ -150,6 +150,16 @@ def test_bucket_mates_get_the_best_measured_algorithm_that_serves_them(monkeypat
     assert tuner.pick(entry, even).name == "im2col"
 
 
+def test_float64_problems_never_get_an_inexact_algorithm(monkeypatch):
+    table = dict(registry._REGISTRY["forward"])
+    table["rough"] = dataclasses.replace(table["im2col"], name="rough", exact=False,
+                                         accuracy=9)
+    monkeypatch.setitem(registry._REGISTRY, "forward", table)
+    p64 = dataclasses.replace(problem(), dtype="float64")
+    assert "rough" not in tuner.tune_problem(p64).results
+    assert "rough" in tuner.tune_problem(problem()).results
+
+
 def test_tuned_conv_matches_the_reference(count_benchmarks):
     p = problem(batch=3, c=5, o=7, size=9)
     x, w = operands(p)

@@ -81,13 +81,18 @@ def _accuracy(pass_: str) -> dict[str, int]:
     return {a.name: 2 * a.accuracy + a.exact for a in registry.all_for(pass_)}
 
 
+def _eligible(algo: Algorithm, problem: ConvProblem) -> bool:
+    """float64 callers get exact algorithms only (as the heuristic does)."""
+    return algo.exact or problem.dtype != "float64"
+
+
 def pick(entry: Entry, problem: ConvProblem) -> Algorithm | None:
     """The best measured algorithm of ``entry`` that serves this exact problem
     (problems of one bucket can differ in what an algorithm supports)."""
     registered = {a.name: a for a in registry.all_for(problem.pass_)}
     for name in bench.rank(entry.results, _accuracy(problem.pass_)):
         algo = registered.get(name)
-        if algo is not None and algo.supports(problem) is None:
+        if algo is not None and algo.supports(problem) is None and _eligible(algo, problem):
             return algo
     return None
 
@@ -125,7 +130,8 @@ def tune_problem(problem: ConvProblem, *, force: bool = False) -> TuneResult:
         cached = None if entry is None else pick(entry, problem)
         if entry is not None and cached is not None:  # else: measure this very problem
             return TuneResult(problem, key[0], cached.name, entry.results, "cache")
-        candidates = [a for a in registry.all_for(problem.pass_) if a.supports(problem) is None]
+        candidates = [a for a in registry.all_for(problem.pass_)
+                      if a.supports(problem) is None and _eligible(a, problem)]
         results = bench.benchmark(problem, candidates)
         ranked = bench.rank(results, _accuracy(problem.pass_))
         if not ranked:
