@@ -136,3 +136,19 @@ def test_weight_cache_is_bounded() -> None:
         w = rng.standard_normal((8, 3, 3, 8)).astype(np.float32)
         cache.get(w, 2, winograd.weight_transform)
     assert cache._size() <= 10_000 or len(cache.entries) == 1
+
+
+@pytest.mark.parametrize("special", [np.nan, np.inf])
+@pytest.mark.parametrize("where", ["x", "w"])
+def test_specials_propagate_as_direct(special, where) -> None:
+    """A NaN/inf must reach exactly the outputs it reaches in direct arithmetic,
+    not the whole Winograd tile."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1, 3, 10, 10)).astype(np.float32)
+    w = np.abs(rng.standard_normal((2, 3, 3, 3))).astype(np.float32)
+    (x if where == "x" else w)[0, 1, 2, 2] = special
+    expected = ce.conv(x, w, padding=1, algo="direct")
+    for algo in TOLERANCE:
+        got = ce.conv(x, w, padding=1, algo=algo)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))

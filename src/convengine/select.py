@@ -18,7 +18,9 @@ from .tune import tuner
 
 # Preference of the heuristic, best first; names not registered are skipped and
 # registered names missing here come just before "reference".
-PREFERENCE = ("1x1", "implicit_gemm", "im2col", "direct", "reference")
+PREFERENCE = (
+    "1x1", "winograd4", "winograd", "flat_gemm", "implicit_gemm", "im2col", "direct", "reference"
+)
 DEPTHWISE_PREFERENCE = ("direct", "im2col", "reference")
 
 
@@ -35,11 +37,19 @@ def _preference(problem: ConvProblem) -> list[str]:
     return [*ranked, "reference"]
 
 
+def _suits(problem: ConvProblem, algo: Algorithm) -> bool:
+    """Speed and accuracy rules on top of ``supports``: float64 callers get exact
+    algorithms only; flat_gemm's per-tap GEMMs are too thin below 16 input channels."""
+    if not algo.exact and problem.dtype == "float64":
+        return False
+    return not (algo.name == "flat_gemm" and problem.in_channels < 16)
+
+
 def heuristic(problem: ConvProblem) -> Algorithm:
-    """The first algorithm in preference order that can serve the problem."""
+    """The first algorithm in preference order that can serve the problem and suits it."""
     for name in _preference(problem):
         algo = registry.get(name, problem.pass_)
-        if algo.supports(problem) is None:
+        if algo.supports(problem) is None and (name == "reference" or _suits(problem, algo)):
             return algo
     raise AssertionError("unreachable: the reference algorithm serves every problem")
 

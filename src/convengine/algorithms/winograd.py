@@ -16,7 +16,9 @@ shape and a sample of the values, and served only after an exact comparison with
 stored copy of the weights, so changed weights are never served stale.
 
 Backward-data with stride 1 is the forward conv of dy with the flipped, channel-swapped
-kernel, so both algorithms serve it too. Not exact: errors vs float64 are in
+kernel, so both algorithms serve it too. Inputs or weights holding NaN or infinity
+are recomputed by ``direct`` (Winograd's transforms would spread them over whole
+tiles), so specials propagate as IEEE arithmetic says. Not exact: errors vs float64 are in
 docs/performance.md (F(4x4,3x3) about 10x F(2x2,3x3)).
 """
 
@@ -29,6 +31,7 @@ from collections import OrderedDict
 import numpy as np
 from numba import njit
 
+from .. import registry
 from ..problem import ConvProblem
 from ..registry import register
 from ..threads import get_num_threads, run_parallel, single_threaded_blas
@@ -52,7 +55,8 @@ MATRICES = {
 IDENTITY = ([[1.0]], [[1.0]], [[1.0]])  # the height transform of a 1-D problem
 
 CACHE_BYTES = 256 * 2**20  # bound on the cached weight transforms (and weight copies)
-CHUNK_BYTES = 2 * 2**20  # V + M of one chunk of tiles
+CHUNK_BYTES = 2**20  # V + M of one chunk of tiles (one chunk per thread at a time)
+MIN_TILES = 64  # below this many tiles per chunk the GEMM streams U from memory
 
 
 def multiplies(problem: ConvProblem, m: int) -> int:
@@ -156,6 +160,15 @@ def winograd_input(x, v, t0, tiles_h, tiles_w, pad_h, pad_w, bth, btw):  # noqa:
         _input_tile(x, v[t], tmp, n, h0, w0, bth, btw)
 
 
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def nonfinite(a):
+    """Whether a holds a NaN or an infinity (0 * v is NaN exactly for those)."""
+    total = 0.0
+    for v in a.reshape(-1):
+        total += v * 0
+    return total != 0
+
+
 @njit(cache=True, nogil=True)
 def winograd_output(m, y, t0, tiles_h, tiles_w, ath, atw):
     """m (b, ah*aw, O) -> y (N,OH,OW,O): Y = A_h^T M A_w for tiles t0 .. t0+b."""
@@ -237,7 +250,7 @@ def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
 def _chunk(problem: ConvProblem, m: int) -> int:
     alpha2 = (m + 2) ** problem.ndim
     per_tile = alpha2 * (problem.in_channels + problem.out_channels) * 4
-    return max(16, CHUNK_BYTES // per_tile)
+    return max(MIN_TILES, CHUNK_BYTES // per_tile)
 
 
 def _tiles(problem: ConvProblem, m: int) -> tuple[int, int]:
@@ -249,11 +262,12 @@ def _workspace(m: int):
     def workspace(problem: ConvProblem) -> int:
         fwd = backward_data_as_forward(problem) if problem.pass_ == "backward_data" else problem
         th, tw = _tiles(fwd, m)
-        tiles = min(_chunk(fwd, m), fwd.batch * th * tw)
+        tiles = max(1, min(_chunk(fwd, m), fwd.batch * th * tw))
         alpha2 = (m + 2) ** fwd.ndim
         chunks = -(-fwd.batch * th * tw // tiles)
         chunk = alpha2 * tiles * (fwd.in_channels + fwd.out_channels)
-        chunk *= min(get_num_threads(), chunks)  # one pair of buffers per thread
+        if chunks >= get_num_threads():
+            chunk *= get_num_threads()  # one pair of buffers per thread
         u = alpha2 * fwd.in_channels * fwd.out_channels
         return (chunk + u) * fwd.compute_dtype.itemsize
 
@@ -275,6 +289,8 @@ def winograd_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray, m: int) -> 
     shape_v = (min(chunk, total), u.shape[0], problem.in_channels)
     shape_m = (*shape_v[:2], problem.out_channels)
 
+    special = [nonfinite(u)]  # NaN/inf: Winograd would smear them over whole tiles
+
     def work(part: int, parts: int) -> None:
         # tile-major buffers; the GEMM sees them as (alpha^2, tiles, channels) views
         v, prod = np.empty(shape_v, x.dtype), np.empty(shape_m, x.dtype)
@@ -282,11 +298,19 @@ def winograd_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray, m: int) -> 
             t0 = i * chunk
             b = min(chunk, total - t0)
             winograd_input(x4, v[:b], t0, tiles_h, tiles_w, pad_h, pad_w, bth, btw)
+            if special[0] or nonfinite(v[:b]):
+                special[0] = True
+                return
             np.matmul(v[:b].transpose(1, 0, 2), u, out=prod[:b].transpose(1, 0, 2))
             winograd_output(prod[:b], y4, t0, tiles_h, tiles_w, ath, atw)
 
-    with single_threaded_blas():
-        run_parallel(work, min(get_num_threads(), chunks))
+    if chunks >= get_num_threads():  # threads over chunks, each with serial BLAS
+        with single_threaded_blas():
+            run_parallel(work, get_num_threads())
+    else:  # too few tiles to share out: one chunk at a time, threaded BLAS
+        work(0, 1)
+    if special[0]:  # the direct loops give NaN/inf exactly where IEEE arithmetic does
+        return registry.get("direct", "forward").run(problem, x, w)
     return y
 
 
