@@ -6,6 +6,8 @@ errors read as in the float API) and :mod:`.numerics` for scales and zero points
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,11 +27,13 @@ from .numerics import (
 from .prepack import packed_weights
 
 ALGOS = ("auto", "vnni", "portable", "depthwise")
+_DTYPES = {np.dtype(np.uint8): "uint8", np.dtype(np.int8): "int8"}
 
 
 def _int_array(value: Any, name: str, allowed: tuple[str, ...]) -> np.ndarray:
+    """The 8-bit array ``value`` (x_q and w_q both take uint8 and int8)."""
     a = as_array(value, name)
-    if a.dtype.name not in allowed:
+    if a.dtype not in _DTYPES:
         raise ConvSetupError(
             f"{name} must be an integer array of dtype {' or '.join(allowed)}, got dtype "
             f"{a.dtype}" + (" (quantize float data first with convengine.quantize)"
@@ -115,14 +119,78 @@ def qconv(
     """
     x = _int_array(x_q, "x_q", ("uint8", "int8"))
     w = _int_array(w_q, "w_q", ("int8", "uint8"))
+    args = (x.shape, x.dtype, w.shape, w.dtype, x_scale, x_zero_point, w_scale, w_zero_point,
+            bias, out_scale, out_zero_point, out_dtype, relu, bias_mode, stride, padding,
+            dilation, groups, layout, algo)
+    plan = _cached_plan(args)
+    problem = plan.problem
+    y = np.empty((problem.batch * int(np.prod(problem.out_size)), problem.out_channels),
+                 dtype=plan.out_dtype)
+    if y.size:
+        _run(plan, _canonical(x, problem), _canonical(w, problem), y)
+    y = y.reshape(problem.y_shape("NHWC"))
+    if problem.layout == "NCHW":
+        y = np.ascontiguousarray(np.moveaxis(y, -1, 1))
+    return y
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything qconv derives from its arguments except the two tensors."""
+
+    problem: ConvProblem
+    path: str
+    geometry: np.ndarray
+    x_zero_point: int
+    w_zero_point: np.ndarray
+    requant: Requant
+    mode: int
+    out_dtype: np.dtype
+
+
+_plans: OrderedDict[Any, Plan] = OrderedDict()
+
+
+def _key(value: Any) -> Any:
+    """A hashable stand-in for an argument (arrays by dtype, shape and bytes)."""
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, *(_key(v) for v in value))
+    if isinstance(value, type):
+        return np.dtype(value).str if issubclass(value, np.generic) else value
+    return (type(value).__name__, value)
+
+
+def _cached_plan(args: tuple) -> Plan:
+    """:func:`_plan` memoised on the arguments' values (never their identity)."""
+    try:
+        key = (cpu.int8_path(), *(_key(a) for a in args))
+        hash(key)
+    except TypeError:  # an unhashable argument (e.g. a tensor scale): plan afresh
+        return _plan(*args)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _plan(*args)
+        while len(_plans) > 256:
+            _plans.popitem(last=False)
+    return plan
+
+
+def _plan(x_shape: tuple[int, ...], x_dtype: np.dtype, w_shape: tuple[int, ...],
+          w_dtype: np.dtype, x_scale: Any, x_zero_point: Any, w_scale: Any,
+          w_zero_point: Any, bias: Any, out_scale: Any, out_zero_point: Any,
+          out_dtype: Any, relu: bool, bias_mode: str, stride: Any, padding: Any,
+          dilation: Any, groups: Any, layout: Any, algo: str) -> Plan:
+    """Validate every argument and fold the constants the kernels need."""
     problem = make_problem(
-        "forward", x.shape, w.shape, dtype=x.dtype.name, stride=stride, padding=padding,
+        "forward", x_shape, w_shape, dtype=_DTYPES[x_dtype], stride=stride, padding=padding,
         dilation=dilation, groups=groups, layout=layout, has_bias=bias is not None,
         x_name="x_q", w_name="w_q",
     )
     o = problem.out_channels
-    xzp = int(check_zero_point(x_zero_point, "x_zero_point", x.dtype))
-    wzp = np.broadcast_to(check_zero_point(w_zero_point, "w_zero_point", w.dtype, o), (o,))
+    xzp = int(check_zero_point(x_zero_point, "x_zero_point", x_dtype))
+    wzp = np.broadcast_to(check_zero_point(w_zero_point, "w_zero_point", w_dtype, o), (o,))
     odt = check_int_dtype(out_dtype, "out_dtype")
     if bias_mode not in BIAS_MODES:
         raise ConvSetupError(f"bias_mode must be one of {BIAS_MODES}, got {bias_mode!r}")
@@ -147,36 +215,30 @@ def qconv(
         rq = requant_params(x_scale, w_scale, out_scale, out_zero_point, o, bias,
                             out_dtype=odt, relu=relu, bias_mode=bias_mode)
         mode = 0 if bias_mode == "float" else 1
-    path = choose_algo(problem, algo)
-    y = np.empty((problem.batch * int(np.prod(problem.out_size)), o), dtype=odt)
-    if y.size:
-        _run(path, problem, _canonical(x, problem), xzp, _canonical(w, problem),
-             np.ascontiguousarray(wzp, dtype=np.int64), rq, mode, y)
-    y = y.reshape(problem.y_shape("NHWC"))
-    if problem.layout == "NCHW":
-        y = np.ascontiguousarray(np.moveaxis(y, -1, 1))
-    return y
+    return Plan(problem, choose_algo(problem, algo), _geometry(problem), xzp,
+                np.ascontiguousarray(wzp, dtype=np.int64), rq, mode, odt)
 
 
-def _run(path: str, problem: ConvProblem, x: np.ndarray, xzp: int, w: np.ndarray,
-         wzp: np.ndarray, rq: Requant, mode: int, y: np.ndarray) -> None:
+def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
+    """Run the plan's kernel on canonical x, w into y ``(M, O)``."""
+    problem, rq, path = plan.problem, plan.requant, plan.path
     flip = 0x80 if x.dtype == np.int8 else 0
     xu = x.view(np.uint8)
-    xzp_u = xzp + flip
-    bias_f = rq.bias if mode == 0 else np.zeros(1, np.float32)
-    bias_i = rq.bias if mode != 0 else np.zeros(1, np.int32)
-    args = (mode, rq.multiplier, bias_f, bias_i, rq.zero_point, rq.lo, rq.hi, y)
-    packed = packed_weights(w, wzp, problem.groups, path)
+    xzp_u = plan.x_zero_point + flip
+    bias_f = rq.bias if plan.mode == 0 else np.zeros(1, np.float32)
+    bias_i = rq.bias if plan.mode != 0 else np.zeros(1, np.int32)
+    args = (plan.mode, rq.multiplier, bias_f, bias_i, rq.zero_point, rq.lo, rq.hi, y)
+    packed = packed_weights(w, plan.w_zero_point, problem.groups, path)
     if path == "depthwise":
         xs = xu ^ np.uint8(flip) if flip else xu
-        kernels.conv_depthwise(xs, xzp_u, packed.data, _geometry(problem), *args)
+        kernels.conv_depthwise(xs, xzp_u, packed.data, plan.geometry, *args)
     elif path == "portable":
-        kernels.conv_portable(xu, flip, xzp_u, packed.data, _geometry(problem),
-                              problem.groups, *args)
+        kernels.conv_portable(xu, flip, xzp_u, packed.data, plan.geometry, problem.groups,
+                              *args)
     else:
         col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
         direct = (problem.is_pointwise and problem.groups == 1 and flip == 0
                   and problem.in_channels % 4 == 0)
         kernels.conv_vnni(xu, flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term,
-                          _geometry(problem), problem.groups, packed.kc, packed.kc4,
-                          packed.nb, direct, *args)
+                          plan.geometry, problem.groups, packed.kc, packed.kc4, packed.nb,
+                          direct, *args)

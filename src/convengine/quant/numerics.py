@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +34,16 @@ INT_DTYPES = ("uint8", "int8", "int32")
 BIAS_MODES = ("float", "int32")
 
 
+_RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127),
+           np.dtype(np.int32): (-(2**31), 2**31 - 1)}
+
+
 def dtype_range(dtype: Any) -> tuple[int, int]:
     """(min, max) of an integer dtype."""
-    info = np.iinfo(np.dtype(dtype))
+    dt = np.dtype(dtype)
+    if dt in _RANGES:
+        return _RANGES[dt]
+    info = np.iinfo(dt)
     return int(info.min), int(info.max)
 
 
@@ -44,13 +52,17 @@ def check_int_dtype(dtype: Any, name: str, allowed: tuple[str, ...] = INT_DTYPES
         dt = np.dtype(dtype)
     except TypeError:
         raise ConvSetupError(f"{name} must be one of {allowed}, got {dtype!r}") from None
-    if dt.name not in allowed:
+    if dt not in _RANGES or dt.name not in allowed:
         raise ConvSetupError(f"{name} must be one of {allowed}, got {dt.name}")
     return dt
 
 
 def check_scale(scale: Any, name: str, length: int | None = None) -> np.ndarray:
     """Scales as float32, 0-d (per-tensor) or (length,) (per-channel); finite and > 0."""
+    if isinstance(scale, (float, np.floating)) and not isinstance(scale, np.float16):
+        if not math.isfinite(scale) or scale <= 0:
+            raise ConvSetupError(f"{name} must be finite and > 0, got {[float(scale)]}")
+        return np.array(scale, np.float32)
     s = np.asarray(scale)
     if not (np.issubdtype(s.dtype, np.floating) or np.issubdtype(s.dtype, np.integer)):
         raise ConvSetupError(f"{name} must be a float or floats, got dtype {s.dtype}")
@@ -71,6 +83,14 @@ def check_zero_point(
     zero_point: Any, name: str, dtype: Any, length: int | None = None
 ) -> np.ndarray:
     """Zero points as int64, 0-d or (length,); integers inside the dtype's range."""
+    if isinstance(zero_point, (int, np.integer)) and not isinstance(zero_point, bool):
+        lo, hi = dtype_range(dtype)
+        if not lo <= zero_point <= hi:
+            raise ConvSetupError(
+                f"{name} must lie in [{lo}, {hi}] for dtype {np.dtype(dtype).name}, "
+                f"got {[int(zero_point)]}"
+            )
+        return np.array(zero_point, np.int64)
     z = np.asarray(zero_point)
     if not (np.issubdtype(z.dtype, np.integer) or z.dtype == np.bool_):
         if not (np.issubdtype(z.dtype, np.floating) and np.all(z == np.round(z))):
