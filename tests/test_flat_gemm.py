@@ -65,3 +65,16 @@ def test_grid_rows_and_offsets() -> None:
 def test_refuses(args, why) -> None:
     x, w = np.zeros((1, 4, 6, 6)), np.zeros((4, 4 // args.get("groups", 1), 3, 3))
     assert why in ce.explain(x, w, **args).refused["flat_gemm"]
+
+
+def test_backward_weight_specials_stay_where_ieee_puts_them() -> None:
+    """A NaN in x's first column is never read by tap kw=2 of a 3x3 pad-1 conv; the
+    virtual rows must not leak it there."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 2, 6, 6))
+    x[0, 0, 3, 0] = np.nan
+    dy = rng.standard_normal((1, 3, 6, 6))
+    ref = ce.conv_backward_weight(x, dy, (3, 2, 3, 3), padding=1, algo="reference")
+    got = ce.conv_backward_weight(x, dy, (3, 2, 3, 3), padding=1, algo="flat_gemm")
+    assert not np.isnan(ref[:, 0, :, 2]).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))

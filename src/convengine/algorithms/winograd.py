@@ -35,6 +35,7 @@ from .. import registry
 from ..problem import ConvProblem
 from ..registry import register
 from ..threads import get_num_threads, run_parallel, single_threaded_blas
+from ._finite import nonfinite
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_weight
 
 # (B^T, G, A^T) per output tile size m for r = 3
@@ -158,15 +159,6 @@ def winograd_input(x, v, t0, tiles_h, tiles_w, pad_h, pad_w, bth, btw):  # noqa:
         h0 = (tile // tiles_w) % tiles_h * mh - pad_h
         w0 = tile % tiles_w * mw - pad_w
         _input_tile(x, v[t], tmp, n, h0, w0, bth, btw)
-
-
-@njit(cache=True, nogil=True, fastmath={"reassoc"})
-def nonfinite(a):
-    """Whether a holds a NaN or an infinity (0 * v is NaN exactly for those)."""
-    total = 0.0
-    for v in a.reshape(-1):
-        total += v * 0
-    return total != 0
 
 
 @njit(cache=True, nogil=True)
