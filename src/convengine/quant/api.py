@@ -231,7 +231,11 @@ def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
     packed = packed_weights(w, plan.w_zero_point, problem.groups, path)
     if path == "depthwise":
         xs = xu ^ np.uint8(flip) if flip else xu
-        kernels.conv_depthwise(xs, xzp_u, packed.data, plan.geometry, *args)
+        if problem.ndim == 2 and problem.kernel == (3, 3):
+            wsum = packed.data.sum(axis=0, dtype=np.float32)
+            kernels.conv_depthwise_3x3(xs, xzp_u, packed.data, wsum, plan.geometry, *args)
+        else:
+            kernels.conv_depthwise(xs, xzp_u, packed.data, plan.geometry, *args)
     elif path == "portable":
         kernels.conv_portable(xu, flip, xzp_u, packed.data, plan.geometry, problem.groups,
                               *args)

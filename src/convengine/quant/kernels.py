@@ -225,3 +225,67 @@ def conv_depthwise(x, xzp, wf, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out)
                 for c in range(chans):
                     out[m, c] = _epilogue(np.int64(acc[ab + c]), c, mode, mult, bias_f,
                                           bias_i, zp, lo, hi)
+
+
+@njit(inline="always")
+def _store_row(acc, m, mode, mult, bias_f, bias_i, zp, lo, hi, out):
+    """Requantize one output pixel's float32 accumulators (exact integers) into out[m]."""
+    flo, fhi, fz = np.float32(lo), np.float32(hi), np.float32(zp)
+    if mode == 0:
+        for c in range(acc.shape[0]):
+            v = np.rint((acc[c] + bias_f[c]) * mult[c]) + fz
+            out[m, c] = np.int32(min(max(v, flo), fhi))
+    else:
+        for c in range(acc.shape[0]):
+            out[m, c] = _epilogue(np.int64(acc[c]), c, mode, mult, bias_f, bias_i, zp, lo, hi)
+
+
+@njit(parallel=True, fastmath={"contract"}, cache=True)
+def conv_depthwise_3x3(x, xzp, wf, wsum, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out):
+    """2-D depthwise 3x3, any stride/dilation/padding: x (N, 1, H, W, C) uint8, wf (9, C)
+    float32 ``w - wzp``, ``wsum[c] = sum_t wf[t, c]``. Interior pixels sum the nine taps
+    in registers as ``sum x * w - xzp * wsum`` (integers below 2**24: exact); border
+    pixels add their valid taps one by one."""
+    n_img, h_in, w_in, chans = x.shape[0], x.shape[2], x.shape[3], x.shape[4]
+    oh_n, ow_n = geo[13], geo[14]
+    sh, sw, ph, pw, dh, dw = geo[4], geo[5], geo[7], geo[8], geo[10], geo[11]
+    xflat = x.reshape(-1)
+    fzp = np.float32(xzp)
+    ow_a = min(ow_n, (pw + sw - 1) // sw)
+    ow_b = max(ow_a, min(ow_n, (w_in - 1 - 2 * dw + pw) // sw + 1))
+    cs, rs = dw * chans, dh * w_in * chans
+    wflat = wf.reshape(-1)
+    for row in prange(n_img * oh_n):
+        n = row // oh_n
+        iy0 = (row % oh_n) * sh - ph
+        rows_ok = iy0 >= 0 and iy0 + 2 * dh < h_in
+        acc = np.empty(chans, np.float32)
+        for ow in range(ow_n):
+            ix0 = ow * sw - pw
+            if rows_ok and ow_a <= ow < ow_b:
+                b = ((n * h_in + iy0) * w_in + ix0) * chans
+                for c in range(chans):  # unsigned indices: no wraparound checks
+                    r0, r1, r2 = b + c, b + rs + c, b + 2 * rs + c
+                    s = (np.float32(xflat[np.uintp(r0)]) * wflat[np.uintp(c)]
+                         + np.float32(xflat[np.uintp(r0 + cs)]) * wflat[np.uintp(c + chans)]
+                         + np.float32(xflat[np.uintp(r0 + 2 * cs)]) * wflat[np.uintp(c + 2 * chans)]
+                         + np.float32(xflat[np.uintp(r1)]) * wflat[np.uintp(c + 3 * chans)]
+                         + np.float32(xflat[np.uintp(r1 + cs)]) * wflat[np.uintp(c + 4 * chans)]
+                         + np.float32(xflat[np.uintp(r1 + 2 * cs)]) * wflat[np.uintp(c + 5 * chans)]
+                         + np.float32(xflat[np.uintp(r2)]) * wflat[np.uintp(c + 6 * chans)]
+                         + np.float32(xflat[np.uintp(r2 + cs)]) * wflat[np.uintp(c + 7 * chans)]
+                         + np.float32(xflat[np.uintp(r2 + 2 * cs)]) * wflat[np.uintp(c + 8 * chans)])
+                    acc[c] = s - fzp * wsum[c]
+            else:
+                acc[:] = 0
+                for kh in range(3):
+                    iy = iy0 + kh * dh
+                    for kw in range(3):
+                        ix = ix0 + kw * dw
+                        if 0 <= iy < h_in and 0 <= ix < w_in:
+                            b = ((n * h_in + iy) * w_in + ix) * chans
+                            wt = wf[kh * 3 + kw]
+                            for c in range(chans):
+                                acc[c] += (np.float32(xflat[np.uintp(b + c)]) - fzp) * wt[c]
+            _store_row(acc, np.uintp(row * ow_n + ow), mode, mult, bias_f, bias_i, zp, lo, hi,
+                       out)
