@@ -32,6 +32,7 @@ from .program import Program
 POLICIES = ("heuristic", "all", "tune")
 NO_CONV = "none"
 TUNE_ROUNDS = 5
+FUSED_FIRST_BYTES = 4 << 20  # conv outputs above this rank the fused engine first
 
 
 class Outputs(dict[str, np.ndarray]):
@@ -171,14 +172,15 @@ def _algorithms(prog: Program, policy: str) -> list[str]:
 
 
 def engine_order(prog: Program) -> tuple[str, ...]:
-    """Fusion first, unless the conv's whole output fits in one tile: then tiling
-    saves no memory traffic and only costs parallelism, so partly_fused leads.
+    """Fusion first, unless the conv's whole output fits in the cores' L2 caches
+    (``FUSED_FIRST_BYTES``): then partly_fused's epilogue passes hit the cache, tiling
+    saves little and costs the conv some efficiency, so partly_fused leads.
     An int8 conv tries its kernel's own epilogue (``kernel_fused``) before all."""
     convs = prog.convs
     order: tuple[str, ...] = ENGINES
     if len(convs) == 1:
         spec = prog.tensors[convs[0].output]
-        if 4 * math.prod(spec.shape) <= engines.TILE_BYTES:
+        if 4 * math.prod(spec.shape) <= FUSED_FIRST_BYTES:
             order = ("partly_fused", "fused", "unfused")
         if prog.problems[convs[0].name].dtype == "int8":
             order = (engines.KERNEL_FUSED, *order)
