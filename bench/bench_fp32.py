@@ -169,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
                    "stopping early (at least 3 rounds)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--algo", default="auto")
+    p.add_argument("--tuning", default="off", choices=("off", "on", "cache-only"),
+                   help="convengine's tuning mode for algo=auto (default off: the heuristic; "
+                   "tuning on a busy shared host picks by noise)")
     p.add_argument("--only", default="", help="comma list of layer-name substrings")
     p.add_argument("--depthwise-only", action="store_true",
                    help="of the suites, keep only depthwise layers")
@@ -179,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     torch = _torch()
     torch.set_num_threads(a.threads)
     ce.set_num_threads(a.threads)
+    ce.set_tuning(a.tuning)
     libc = ctypes.CDLL(None)
     libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: fixed, so big buffers are unmapped
     rng = np.random.default_rng(0)
@@ -201,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                         "suite": suite, "layer": layer.name, "batch": batch, "pass": pass_,
                         "groups": groups_of(suite, layer),
                         "algo": ce.explain(problem).chosen if a.algo == "auto" else a.algo,
+                        "tuning": a.tuning,
                         "median_s": med, "ratio": best / med["ours"],
                         "ours_gflops": problem.flops / med["ours"] / 1e9,
                         "torch_gflops": problem.flops / best / 1e9,

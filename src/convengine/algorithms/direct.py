@@ -425,7 +425,17 @@ def direct_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.n
     dy5 = _as3d(dy, problem.ndim)
     dx = np.empty(problem.x_shape("NHWC"), dtype=problem.compute_dtype)
     dx5 = _as3d(dx, problem.ndim)
-    if problem.in_per_group == 1:
+    extents = (1,) * (3 - problem.ndim) + problem.effective_kernel
+    lows = (0,) * (3 - problem.ndim) + tuple(lo for lo, _ in problem.padding)
+    highs = (0,) * (3 - problem.ndim) + tuple(hi for _, hi in problem.padding)
+    if (_depthwise2d(problem) and all(s == 1 for s in problem.stride)
+            and all(max(lo, hi) < e for lo, hi, e in zip(lows, highs, extents))):
+        # stride 1: the forward depthwise conv of dy with the flipped kernel
+        wk = np.ascontiguousarray(_channel_weight(problem, w)[0, ::-1, ::-1])
+        pad = [e - 1 - lo for e, lo in zip(extents, lows)]
+        kernel = depthwise2d_kernel(*wk.shape[:2])
+        kernel(dy5[:, 0], wk, dx5[:, 0], 1, 1, pad[1], pad[2], *geo[7:9])
+    elif problem.in_per_group == 1:
         direct_bwd_data_channel(dy5, _channel_weight(problem, w), dx5, *geo)
     else:
         g, og = problem.groups, problem.out_per_group
