@@ -39,10 +39,14 @@ def _preference(problem: ConvProblem) -> list[str]:
 
 def _suits(problem: ConvProblem, algo: Algorithm) -> bool:
     """Speed and accuracy rules on top of ``supports``: float64 callers get exact
-    algorithms only; flat_gemm's per-tap GEMMs are too thin below 16 input channels."""
+    algorithms only; per-tap GEMMs (flat_gemm, implicit_gemm) are too thin below 16
+    input channels; flat_gemm's forward wastes ``stride``x work on strided layers."""
     if not algo.exact and problem.dtype == "float64":
         return False
-    return not (algo.name == "flat_gemm" and problem.in_channels < 16)
+    if algo.name in ("flat_gemm", "implicit_gemm") and problem.in_channels < 16:
+        return False
+    strided = any(s > 1 for s in problem.stride)
+    return not (algo.name == "flat_gemm" and strided and problem.pass_ == "forward")
 
 
 def heuristic(problem: ConvProblem) -> Algorithm:

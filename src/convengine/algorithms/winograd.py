@@ -57,7 +57,7 @@ IDENTITY = ([[1.0]], [[1.0]], [[1.0]])  # the height transform of a 1-D problem
 
 CACHE_BYTES = 256 * 2**20  # bound on the cached weight transforms (and weight copies)
 CHUNK_BYTES = 2**20  # V + M of one chunk of tiles (one chunk per thread at a time)
-MIN_TILES = 64  # below this many tiles per chunk the GEMM streams U from memory
+MIN_TILES = 32  # fewer tiles per chunk: the GEMM streams U from memory; more: workspace
 
 
 def multiplies(problem: ConvProblem, m: int) -> int:
