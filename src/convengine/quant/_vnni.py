@@ -1,10 +1,11 @@
 """The AVX512-VNNI int8 micro-kernel: a 6 x 64 int32 tile by ``vpdpbusd``.
 
-``ukernel_6x64(a, a_off, lda, b, b_off, kc4, mr, c)`` computes, for rows
-``r < mr`` of the uint8 matrix at ``a[a_off + r * lda + 4k + i]`` and the int8
+``ukernel_6x64(a, a_off, lda, b, b_off, kc4, mr, c, c_off, acc_in)`` computes, for
+rows ``r < mr`` of the uint8 matrix at ``a[a_off + r * lda + 4k + i]`` and the int8
 weights packed as ``b[b_off + (k * 64 + col) * 4 + i]`` (layout (Kc/4, 64, 4)):
 
-    c[r * 64 + col] = sum_{k < kc4, i < 4} a[r, 4k + i] * b[k, col, i]      (int32)
+    c[c_off + r * 64 + col] = (c[...] if acc_in else 0)
+                              + sum_{k < kc4, i < 4} a[r, 4k + i] * b[k, col, i]   (int32)
 
 Rows ``r >= mr`` repeat row ``mr - 1`` (their results are ignored by the caller).
 The 24 accumulators are ``<16 x i32>`` allocas that LLVM keeps in zmm registers.
@@ -35,14 +36,15 @@ def _vec_ptr(builder: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
 
 
 @intrinsic
-def ukernel_6x64(typingctx, a, a_off, lda, b, b_off, kc4, mr, c):
-    sig = types.void(a, types.intp, types.intp, b, types.intp, types.intp, types.intp, c)
+def ukernel_6x64(typingctx, a, a_off, lda, b, b_off, kc4, mr, c, c_off, acc_in):
+    intp_t = types.intp
+    sig = types.void(a, intp_t, intp_t, b, intp_t, intp_t, intp_t, c, intp_t, intp_t)
 
     def codegen(context, builder, signature, args):
         a_arr = context.make_array(signature.args[0])(context, builder, args[0])
         b_arr = context.make_array(signature.args[3])(context, builder, args[3])
         c_arr = context.make_array(signature.args[7])(context, builder, args[7])
-        _, a_off_v, lda_v, _, b_off_v, kc4_v, mr_v, _ = args
+        _, a_off_v, lda_v, _, b_off_v, kc4_v, mr_v, _, c_off_v, acc_in_v = args
         intp = a_off_v.type
         dot = _vpdpbusd(builder)
         a0 = builder.gep(a_arr.data, [a_off_v])
@@ -54,9 +56,17 @@ def ukernel_6x64(typingctx, a, a_off, lda, b, b_off, kc4, mr, c):
             rows.append(builder.gep(a0, [builder.mul(use, lda_v)]))
         b0 = builder.gep(b_arr.data, [b_off_v])
         zero = ir.Constant(_V16, None)
+        c0 = builder.gep(c_arr.data, [c_off_v])
+        keep = builder.icmp_signed("!=", acc_in_v, ir.Constant(intp, 0))
+
+        def c_ptr(r: int, j: int) -> ir.Value:
+            return _vec_ptr(builder, builder.gep(c0, [ir.Constant(intp, r * NR + 16 * j)]))
+
         accs = [
-            [cgutils.alloca_once_value(builder, zero) for _ in range(NR // 16)]
-            for _ in range(MR)
+            [cgutils.alloca_once_value(
+                builder, builder.select(keep, builder.load(c_ptr(r, j), align=4), zero))
+             for j in range(NR // 16)]
+            for r in range(MR)
         ]
         with cgutils.for_range(builder, kc4_v) as loop:
             k = loop.index
@@ -78,8 +88,7 @@ def ukernel_6x64(typingctx, a, a_off, lda, b, b_off, kc4, mr, c):
                     builder.store(builder.call(dot, [cur, splat, bvecs[j]]), accs[r][j])
         for r in range(MR):
             for j in range(NR // 16):
-                dst = builder.gep(c_arr.data, [ir.Constant(intp, r * NR + 16 * j)])
-                builder.store(builder.load(accs[r][j]), _vec_ptr(builder, dst), align=4)
+                builder.store(builder.load(accs[r][j]), c_ptr(r, j), align=4)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -10,6 +10,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import numba
 import numpy as np
 
 from ..errors import ConvSetupError
@@ -127,7 +128,7 @@ def qconv(
     y = np.empty((problem.batch * int(np.prod(problem.out_size)), problem.out_channels),
                  dtype=plan.out_dtype)
     if y.size:
-        _run(plan, _canonical(x, problem), _canonical(w, problem), y)
+        _run(plan, _canonical(x, problem), w, y)
     y = y.reshape(problem.y_shape("NHWC"))
     if problem.layout == "NCHW":
         y = np.ascontiguousarray(np.moveaxis(y, -1, 1))
@@ -220,7 +221,7 @@ def _plan(x_shape: tuple[int, ...], x_dtype: np.dtype, w_shape: tuple[int, ...],
 
 
 def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
-    """Run the plan's kernel on canonical x, w into y ``(M, O)``."""
+    """Run the plan's kernel on canonical x and the caller's w into y ``(M, O)``."""
     problem, rq, path = plan.problem, plan.requant, plan.path
     flip = 0x80 if x.dtype == np.int8 else 0
     xu = x.view(np.uint8)
@@ -228,7 +229,8 @@ def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
     bias_f = rq.bias if plan.mode == 0 else np.zeros(1, np.float32)
     bias_i = rq.bias if plan.mode != 0 else np.zeros(1, np.int32)
     args = (plan.mode, rq.multiplier, bias_f, bias_i, rq.zero_point, rq.lo, rq.hi, y)
-    packed = packed_weights(w, plan.w_zero_point, problem.groups, path)
+    packed = packed_weights(w, lambda a: _canonical(a, problem), plan.w_zero_point,
+                            problem.groups, path)
     if path == "depthwise":
         xs = xu ^ np.uint8(flip) if flip else xu
         if problem.ndim == 2 and problem.kernel == (3, 3):
@@ -243,6 +245,7 @@ def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
         col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
         direct = (problem.is_pointwise and problem.groups == 1 and flip == 0
                   and problem.in_channels % 4 == 0)
+        prows = kernels.panel_rows(y.shape[0], packed.kc4 * 4, numba.get_num_threads())
         kernels.conv_vnni(xu, flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term,
                           plan.geometry, problem.groups, packed.kc, packed.kc4, packed.nb,
-                          direct, *args)
+                          direct, prows, *args)

@@ -7,7 +7,7 @@ problems padded to 3-D with unit dims, ``geo`` the int64 vector
 ``out (N * OD * OH * OW, O)``. Zero points: ``xzp`` of the shifted activations,
 ``wzp (O,)`` of the (signed) weights, so ``acc = sum (x - xzp)(w - wzp)``.
 
-- :func:`conv_vnni`: im2col panels of 12 rows gathered into a small buffer, then the
+- :func:`conv_vnni`: im2col panels (L2-sized) gathered into a buffer, then the
   VNNI micro-kernel on weights prepacked (g, O/64, Kc/4, 64, 4); zero points enter
   through row sums and precomputed column terms, as in fbgemm.
 - :func:`conv_portable`: the same gather into int16 differences, int32 dot products.
@@ -25,7 +25,9 @@ from numba import njit, prange
 
 from ._vnni import MR, NR, ukernel_6x64
 
-PANEL_ROWS = 2 * MR
+PANEL_ROWS = 2 * MR  # portable kernel
+PANEL_BYTES = 384 * 1024  # VNNI im2col panel: about a fifth of a 2 MiB L2
+KC4_BLOCK = 64  # K chunk of 256 bytes: a 64-column weight block of 16 KiB stays in L1
 DEPTHWISE_MAX_TAPS = (1 << 24) // (255 * 255)
 
 
@@ -109,47 +111,66 @@ def _store_tile(tile, mr, ncol, m0, o0, rows, r0, wzp, col_term, mode, mult, bia
                 out[m, o] = _epilogue(acc, o, mode, mult, bias_f, bias_i, zp, lo, hi)
 
 
+def panel_rows(m_total: int, lda: int, threads: int) -> int:
+    """Rows per im2col panel: the panel (rows x lda bytes) stays in L2 while every
+    64-column weight block streams past it; panels come in multiples of ``threads``."""
+    npanel = max(1, -(-m_total * lda // PANEL_BYTES))
+    npanel = -(-npanel // threads) * threads
+    rows = -(-m_total // npanel)
+    return max(MR, -(-rows // MR) * MR)
+
+
 @njit(parallel=True, cache=True)
-def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
+def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, prows,
               mode, mult, bias_f, bias_i, zp, lo, hi, out):
     """out[m, o] = epilogue(sum_k (a[m, k] - xzp)(w[o, k] - wzp[o])) via vpdpbusd.
 
     ``wp`` flat int8 (g, nb, kc4, 64, 4); ``wzp``, ``col_term`` (O,) int32 with
     ``col_term[o] = kc*xzp*wzp[o] - xzp*sum_k w[o, k]`` (wrapping like the int32 sum).
     ``direct``: a 1x1, stride-1, unpadded, ungrouped conv on uint8 with C % 4 == 0 reads
-    x in place (no im2col).
+    x in place (no im2col). ``prows`` rows per panel (:func:`panel_rows`). For each
+    64-column block the K dimension runs in chunks of ``KC4_BLOCK * 4`` bytes whose
+    weights (16 KiB) stay in L1 across the panel's row blocks; int32 partial tiles of
+    the panel accumulate in ``ctile``.
     """
     m_total = out.shape[0]
     og = out.shape[1] // groups
     cg = x.shape[4] // groups
-    lda = kc4 * 4
+    lda = kc if direct else kc4 * 4
     xflat = x.reshape(-1)
     need_sum = np.any(wzp != 0)
-    npanel = (m_total + PANEL_ROWS - 1) // PANEL_ROWS
+    npanel = (m_total + prows - 1) // prows
     for p in prange(npanel):
-        buf = np.zeros(PANEL_ROWS * lda, np.uint8)
-        rows = np.zeros(PANEL_ROWS, np.int32)
-        tile = np.empty(MR * NR, np.int32)
-        m0 = p * PANEL_ROWS
-        m1 = min(m_total, m0 + PANEL_ROWS)
+        buf = np.empty(1 if direct else prows * lda, np.uint8)
+        rows = np.zeros(prows, np.int32)
+        ctile = np.empty(prows * NR, np.int32)
+        m0 = p * prows
+        m1 = min(m_total, m0 + prows)
+        a = xflat if direct else buf
+        a0 = m0 * kc if direct else 0
         for g in range(groups):
             for m in range(m0, m1):
                 if direct:
                     rows[m - m0] = _flip_and_sum(xflat, m * kc, kc, 0, need_sum)
                 else:
-                    _gather_u8(x, m, g, cg, geo, xzp ^ flip, buf, (m - m0) * lda)
-                    rows[m - m0] = _flip_and_sum(buf, (m - m0) * lda, kc, flip, need_sum)
+                    pos = (m - m0) * lda
+                    _gather_u8(x, m, g, cg, geo, xzp ^ flip, buf, pos)
+                    for k in range(kc, lda):
+                        buf[np.uintp(pos + k)] = 0
+                    rows[m - m0] = _flip_and_sum(buf, pos, kc, flip, need_sum)
             for b in range(nb):
                 ncol = min(NR, og - b * NR)
+                b_base = (g * nb + b) * kc4 * NR * 4
+                for k0 in range(0, kc4, KC4_BLOCK):
+                    kn = min(KC4_BLOCK, kc4 - k0)
+                    for rb in range(m0, m1, MR):
+                        ukernel_6x64(a, a0 + (rb - m0) * lda + k0 * 4, lda, wp,
+                                     b_base + k0 * NR * 4, kn, min(MR, m1 - rb), ctile,
+                                     (rb - m0) * NR, 1 if k0 > 0 else 0)
                 for rb in range(m0, m1, MR):
-                    mr = min(MR, m1 - rb)
-                    if direct:
-                        ukernel_6x64(xflat, rb * kc, kc, wp, b * kc4 * NR * 4, kc4, mr, tile)
-                    else:
-                        ukernel_6x64(buf, (rb - m0) * lda, lda, wp,
-                                     (g * nb + b) * kc4 * NR * 4, kc4, mr, tile)
-                    _store_tile(tile, mr, ncol, rb, g * og + b * NR, rows, rb - m0, wzp,
-                                col_term, mode, mult, bias_f, bias_i, zp, lo, hi, out)
+                    _store_tile(ctile[(rb - m0) * NR:], min(MR, m1 - rb), ncol, rb,
+                                g * og + b * NR, rows, rb - m0, wzp, col_term, mode, mult,
+                                bias_f, bias_i, zp, lo, hi, out)
 
 
 @njit(parallel=True, cache=True)

@@ -1,17 +1,19 @@
 """Weights prepared once per (weights, zero points, groups, path) and cached.
 
-The cache keys on the weights' *content* (a CRC of the bytes, confirmed by an
-exact comparison with the stored copy), so an array changed in place is never
-served stale. Canonical weights are ``w (O, KD, KH, KW, C // g)``.
+An entry is found by the weight array's identity and confirmed by comparing its
+bytes with the copy saved at packing time (a vectorised pass, far cheaper than
+packing), so an array changed in place is never served stale. Canonical weights
+are ``w (O, KD, KH, KW, C // g)``.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from ._vnni import NR
 
@@ -63,17 +65,43 @@ def _pack(w: np.ndarray, wzp: np.ndarray, groups: int, path: str) -> Packed:
     return Packed(np.ascontiguousarray(data).ravel(), zs, col_sum, kc, kc4, nb)
 
 
-def packed_weights(w: np.ndarray, wzp: np.ndarray, groups: int, path: str) -> Packed:
-    """The packed form of canonical ``w`` for ``path`` ("vnni", "portable", "depthwise")."""
-    w = np.ascontiguousarray(w)
+@njit(cache=True)
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two equally long uint8 vectors are equal (a vectorised OR of XORs)."""
+    diff = np.uint8(0)
+    for i in range(a.shape[0]):
+        diff |= a[i] ^ b[i]
+    return diff == 0
+
+
+def _unchanged(saved: np.ndarray, w: np.ndarray) -> bool:
+    if w.flags.c_contiguous:
+        return bool(_same_bytes(saved.reshape(-1).view(np.uint8), w.reshape(-1).view(np.uint8)))
+    return bool(np.array_equal(saved, w))
+
+
+def packed_weights(
+    w: np.ndarray,
+    canonical: Callable[[np.ndarray], np.ndarray],
+    wzp: np.ndarray,
+    groups: int,
+    path: str,
+) -> Packed:
+    """The packed form of the caller's weights ``w`` for ``path`` ("vnni", "portable",
+    "depthwise"); ``canonical(w)`` gives ``(O, KD, KH, KW, C // g)``.
+
+    Looked up by the array's identity, layout and zero points, then confirmed by an
+    exact comparison of ``w`` with the copy saved at packing time: weights changed in
+    place are repacked, never served stale.
+    """
     wzp = np.ascontiguousarray(wzp, dtype=np.int64)
-    key = (path, groups, w.shape, w.dtype.str, wzp.tobytes(), zlib.crc32(w.data))
+    key = (path, groups, id(w), w.shape, w.strides, w.dtype.str, wzp.tobytes())
     hit = _cache.get(key)
-    if hit is not None and np.array_equal(hit[0], w):
+    if hit is not None and _unchanged(hit[0], w):
         _cache.move_to_end(key)
         return hit[1]
-    packed = _pack(w, wzp, groups, path)
-    _cache[key] = (w.copy(), packed)
+    packed = _pack(np.ascontiguousarray(canonical(w)), wzp, groups, path)
+    _cache[key] = (np.array(w, copy=True), packed)
     while len(_cache) > CACHE_SIZE:
         _cache.popitem(last=False)
     return packed
