@@ -155,6 +155,21 @@ def test_weights_changed_in_place_are_repacked():
     assert not np.array_equal(first, second)
 
 
+def test_bias_and_scales_changed_in_place_are_seen():
+    """Per-argument constants are cached by value, never by identity."""
+    rng = np.random.default_rng(6)
+    x, xzp, w, wzp, ws, conv_args = _make(CASES[0], rng)
+    o = w.shape[0]
+    bias = rng.normal(0, 50, o).astype(np.float32)
+    acc = np.moveaxis(ref_acc(x, xzp, w, wzp, **conv_args), 1, -1).astype(np.int32)
+    for _ in range(2):
+        y = qconv(x, 0.02, xzp, w, ws, wzp, bias, out_scale=0.7, out_zero_point=3, **conv_args)
+        want = apply_requant(acc, requant_params(0.02, ws, 0.7, 3, o, bias), np.uint8)
+        assert_equal_q(np.moveaxis(y, 1, -1), want, "after changing bias and w_scale")
+        bias += 40
+        ws *= 1.5
+
+
 def test_forced_portable_path(monkeypatch):
     monkeypatch.setattr(cpu, "_forced", "auto")
     cpu.set_int8_path("portable")
