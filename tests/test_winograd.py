@@ -127,6 +127,13 @@ def test_weight_cache_reuses_and_never_serves_stale() -> None:
     ref = ce.conv(x.astype(np.float64), w.astype(np.float64), padding=1, algo="reference")
     assert_rel_close(changed, ref, TOLERANCE["winograd"])
     assert winograd.WEIGHT_CACHE.misses == 2
+    dy = rng.standard_normal(changed.shape).astype(np.float32)
+    for _ in range(2):  # backward-data caches the flipped transform against w itself
+        dx = ce.conv_backward_data(dy, w, x.shape, padding=1, algo="winograd")
+    assert winograd.WEIGHT_CACHE.misses == 3 and winograd.WEIGHT_CACHE.hits == 2
+    ref = ce.conv_backward_data(dy.astype(np.float64), w.astype(np.float64), x.shape,
+                                padding=1, algo="reference")
+    assert_rel_close(dx, ref, TOLERANCE["winograd"])
 
 
 def test_weight_cache_is_bounded() -> None:
@@ -134,7 +141,7 @@ def test_weight_cache_is_bounded() -> None:
     rng = np.random.default_rng(0)
     for _ in range(20):
         w = rng.standard_normal((8, 3, 3, 8)).astype(np.float32)
-        cache.get(w, 2, winograd.weight_transform)
+        cache.get(w, (2, "forward"), lambda w: winograd.weight_transform(w, 2))
     assert cache._size() <= 10_000 or len(cache.entries) == 1
 
 

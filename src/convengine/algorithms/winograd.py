@@ -6,10 +6,10 @@ Lavin & Gray's minimal filtering: an ``m x m`` output tile of a 3x3 conv costs
 (4 vs 6, 6 vs 12). Three stages, run chunk by chunk over the output tiles so the
 transformed tiles and the GEMM operands stay in cache:
 
-1. input transform ``V = B^T d B`` per tile (numba, parallel over tiles, vectorised
-   over channels): V ``(alpha^2, tiles, C)``;
+1. input transform ``V = B^T d B`` per tile (numba code generated from the matrices,
+   straight-line, vectorised over channels): V ``(tiles, alpha^2, C)``;
 2. one batched GEMM ``M[a] = V[a] @ U[a]`` (BLAS), U ``(alpha^2, C, O)``;
-3. output transform ``Y = A^T M A`` (numba), written straight into y.
+3. output transform ``Y = A^T M A`` (generated likewise), cropped into y.
 
 The weight transform ``U = G g G^T`` is computed in float64 once and cached: keyed by
 shape and a sample of the values, and served only after an exact comparison with a
@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -37,6 +38,7 @@ from ..registry import register
 from ..threads import get_num_threads, run_parallel, single_threaded_blas
 from ._finite import nonfinite
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_weight
+from .direct import NOALIAS
 
 # (B^T, G, A^T) per output tile size m for r = 3
 MATRICES = {
@@ -87,129 +89,156 @@ def _supports(problem: ConvProblem) -> str | None:
 # --------------------------------------------------------------------- numba stages
 
 
-@njit(cache=True, nogil=True)
-def _input_tile(x, out, tmp, n, h0, w0, bth, btw):
-    """One tile: out (ah*aw, C) = B_h^T d B_w for the patch at (n, h0, w0)."""
-    _, h_, w_, c_ = x.shape
-    ah, aw = bth.shape[0], btw.shape[0]
-    tmp[...] = 0
-    for k in range(ah):  # tmp = B_h^T d, skipping rows and columns in the padding
-        ih = h0 + k
-        if ih < 0 or ih >= h_:
-            continue
-        for j in range(aw):
-            iw = w0 + j
-            if iw < 0 or iw >= w_:
+def _combination(coefs: np.ndarray, names: list[str]) -> str:
+    """``sum coefs[k] * names[k]`` as Python source, zero terms left out; ``F`` is the
+    compute dtype's scalar type (a float64 literal would promote float32 code)."""
+    terms = []
+    for coef, name in zip(coefs, names):
+        if coef != 0:
+            sign = "-" if coef < 0 else "+"
+            mag = abs(float(coef))
+            terms.append(f"{sign} {name}" if mag == 1 else f"{sign} F({mag!r}) * {name}")
+    text = " ".join(terms)
+    return text[2:] if text.startswith("+ ") else text
+
+
+def _sandwich_source(name: str, left: np.ndarray, right: np.ndarray) -> str:
+    """Source of ``name(src, tmp, dst)``: dst[i * q + j, c] = (left @ S @ right^T)[i, j]
+    for S = src[a, b, c] (a 3-D view), coefficients as literals. One short loop over
+    channels per column (into tmp) and per row (into dst): LLVM vectorises each, which
+    it does not for one loop holding the whole tile."""
+    (p, a), (q, b) = left.shape, right.shape
+    lines = [f"def {name}(src, tmp, dst):"]
+    for j in range(b):  # tmp[:, j] = left @ S[:, j]
+        lines.append("    for c in range(src.shape[2]):")
+        lines += [f"        s{k} = src[{k}, {j}, c]" for k in range(a)]
+        for i in range(p):
+            expr = _combination(left[i], [f"s{k}" for k in range(a)])
+            lines.append(f"        tmp[{i * b + j}, c] = {expr}")
+    for i in range(p):  # dst[i, :] = tmp[i, :] @ right^T
+        lines.append("    for c in range(src.shape[2]):")
+        lines += [f"        t{k} = tmp[{i * b + k}, c]" for k in range(b)]
+        for j in range(q):
+            expr = _combination(right[j], [f"t{k}" for k in range(b)])
+            lines.append(f"        dst[{i * q + j}, c] = {expr}")
+    return "\n".join(lines) + "\n"
+
+
+_STAGES: dict[tuple[int, int, str], tuple[Any, Any]] = {}
+
+
+def stages(ndim: int, m: int, dtype: np.dtype) -> tuple[Any, Any]:
+    """The compiled (input, output) stages of F(m, 3) in ``ndim`` dims, generated once:
+
+    - ``input(x (N,H,W,C), v (b, ah*aw, C), t0, tiles_h, tiles_w, pad_h, pad_w)``;
+    - ``output(m (b, ah*aw, O), y (N,OH,OW,O), t0, tiles_h, tiles_w)``.
+
+    Interior tiles are transformed straight from x; tiles meeting the padding or the
+    far edges from a zero-padded copy, and their outputs are cropped."""
+    key = (ndim, m, np.dtype(dtype).name)
+    if key in _STAGES:
+        return _STAGES[key]
+    bth, btw, _, _, ath, atw = _matrices(ndim, m)
+    scope: dict[str, Any] = {"F": np.dtype(dtype).type}
+    exec(_sandwich_source("transform_in", bth, btw), scope)  # noqa: S102
+    exec(_sandwich_source("transform_out", ath, atw), scope)  # noqa: S102
+    transform_in = njit(**NOALIAS)(scope["transform_in"])
+    transform_out = njit(**NOALIAS)(scope["transform_out"])
+    ah, aw, mh, mw = bth.shape[0], btw.shape[0], ath.shape[0], atw.shape[0]
+
+    @njit(nogil=True)
+    def winograd_input(x, v, t0, tiles_h, tiles_w, pad_h, pad_w):  # noqa: PLR0913
+        _, h_, w_, c_ = x.shape
+        patch = np.empty((ah, aw, c_), dtype=v.dtype)
+        tmp = np.empty((ah * aw, c_), dtype=v.dtype)
+        for t in range(v.shape[0]):
+            tile = t0 + t
+            n = tile // (tiles_h * tiles_w)
+            h0 = (tile // tiles_w) % tiles_h * mh - pad_h
+            w0 = tile % tiles_w * mw - pad_w
+            if h0 >= 0 and w0 >= 0 and h0 + ah <= h_ and w0 + aw <= w_:
+                transform_in(x[n, h0:h0 + ah, w0:w0 + aw], tmp, v[t])
                 continue
-            for i in range(ah):
-                coef = bth[i, k]
-                if coef != 0:
+            for k in range(ah):
+                for j in range(aw):
+                    ih, iw = h0 + k, w0 + j
+                    inside = 0 <= ih < h_ and 0 <= iw < w_
                     for c in range(c_):
-                        tmp[i, j, c] += coef * x[n, ih, iw, c]
-    for i in range(ah):  # out = tmp B_w
-        for j2 in range(aw):
-            row = i * aw + j2
-            for c in range(c_):
-                out[row, c] = 0
-            for j in range(aw):
-                coef = btw[j2, j]
-                if coef != 0:
-                    for c in range(c_):
-                        out[row, c] += coef * tmp[i, j, c]
+                        patch[k, j, c] = x[n, ih, iw, c] if inside else 0
+            transform_in(patch, tmp, v[t])
 
+    @njit(nogil=True)
+    def winograd_output(prod, y, t0, tiles_h, tiles_w):
+        _, oh_, ow_, o_ = y.shape
+        res = np.empty((mh * mw, o_), dtype=y.dtype)
+        tmp = np.empty((mh * aw, o_), dtype=y.dtype)
+        for t in range(prod.shape[0]):
+            tile = t0 + t
+            n = tile // (tiles_h * tiles_w)
+            h0 = (tile // tiles_w) % tiles_h * mh
+            w0 = tile % tiles_w * mw
+            transform_out(prod[t].reshape(ah, aw, o_), tmp, res)
+            for i in range(min(mh, oh_ - h0)):
+                for j in range(min(mw, ow_ - w0)):
+                    for c in range(o_):
+                        y[n, h0 + i, w0 + j, c] = res[i * mw + j, c]
 
-@njit(cache=True, nogil=True)
-def _output_tile(src, y, tmp, n, h0, w0, ath, atw):
-    """One tile: y[n, h0:h0+mh, w0:w0+mw] = A_h^T src A_w, cropped at the far edges."""
-    _, oh_, ow_, o_ = y.shape
-    mh, ah = ath.shape
-    mw, aw = atw.shape
-    tmp[...] = 0
-    for a in range(ah):  # tmp = A_h^T src
-        for b in range(aw):
-            for i in range(mh):
-                coef = ath[i, a]
-                if coef != 0:
-                    for o in range(o_):
-                        tmp[i, b, o] += coef * src[a * aw + b, o]
-    for i in range(mh):  # y = tmp A_w
-        if h0 + i >= oh_:
-            continue
-        for j in range(mw):
-            if w0 + j >= ow_:
-                continue
-            for o in range(o_):
-                y[n, h0 + i, w0 + j, o] = 0
-            for b in range(aw):
-                coef = atw[j, b]
-                if coef != 0:
-                    for o in range(o_):
-                        y[n, h0 + i, w0 + j, o] += coef * tmp[i, b, o]
-
-
-@njit(cache=True, nogil=True)
-def winograd_input(x, v, t0, tiles_h, tiles_w, pad_h, pad_w, bth, btw):  # noqa: PLR0913
-    """x (N,H,W,C) -> v (b, ah*aw, C): the transforms of tiles t0 .. t0+b."""
-    ah, aw = bth.shape[0], btw.shape[0]
-    mh, mw = max(ah - 2, 1), aw - 2
-    tmp = np.empty((ah, aw, x.shape[3]), dtype=v.dtype)
-    for t in range(v.shape[0]):
-        tile = t0 + t
-        n = tile // (tiles_h * tiles_w)
-        h0 = (tile // tiles_w) % tiles_h * mh - pad_h
-        w0 = tile % tiles_w * mw - pad_w
-        _input_tile(x, v[t], tmp, n, h0, w0, bth, btw)
-
-
-@njit(cache=True, nogil=True)
-def winograd_output(m, y, t0, tiles_h, tiles_w, ath, atw):
-    """m (b, ah*aw, O) -> y (N,OH,OW,O): Y = A_h^T M A_w for tiles t0 .. t0+b."""
-    mh, mw = ath.shape[0], atw.shape[0]
-    tmp = np.empty((mh, atw.shape[1], y.shape[3]), dtype=m.dtype)
-    for t in range(m.shape[0]):
-        tile = t0 + t
-        n = tile // (tiles_h * tiles_w)
-        h0 = (tile // tiles_w) % tiles_h * mh
-        w0 = tile % tiles_w * mw
-        _output_tile(m[t], y, tmp, n, h0, w0, ath, atw)
+    _STAGES[key] = (winograd_input, winograd_output)
+    return _STAGES[key]
 
 
 # --------------------------------------------------------------- weight transforms
 
 
+@njit(cache=True, nogil=True)
+def _same_bits(a, b):
+    """Whether two equally shaped unsigned-integer views hold the same bits."""
+    a, b = a.reshape(-1), b.reshape(-1)
+    for i in range(0, a.size, 4096):  # blocks: vectorised compare, early exit
+        if not np.array_equal(a[i:i + 4096], b[i:i + 4096]):
+            return False
+    return True
+
+
 class _WeightCache:
-    """LRU of weight transforms, bounded in bytes; exact match on the weights."""
+    """LRU of weight transforms, bounded in bytes, matched bit-exactly on the weights.
+
+    ``get(w, kind, make)`` returns ``(u, special)``: ``u = make(w)`` (computed once per
+    distinct weights and ``kind``) and whether u holds NaN or infinity."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.entries: OrderedDict[tuple, list[tuple[np.ndarray, np.ndarray]]] = OrderedDict()
+        self.entries: OrderedDict[tuple, list[tuple[np.ndarray, np.ndarray, bool]]] = (
+            OrderedDict())
         self.lock = threading.Lock()
         self.hits = self.misses = 0
 
     @staticmethod
-    def _key(w: np.ndarray, m: int) -> tuple:
+    def _key(w: np.ndarray, kind: tuple) -> tuple:
         sample = w.reshape(-1)[:: max(1, w.size // 64)]
-        return (m, w.shape, w.dtype.str, sample.tobytes())
+        return (kind, w.shape, w.dtype.str, sample.tobytes())
 
     def _size(self) -> int:
-        return sum(a.nbytes + u.nbytes for v in self.entries.values() for a, u in v)
+        return sum(a.nbytes + u.nbytes for v in self.entries.values() for a, u, _ in v)
 
-    def get(self, w: np.ndarray, m: int, make) -> np.ndarray:
-        key = self._key(w, m)
+    def get(self, w: np.ndarray, kind: tuple, make) -> tuple[np.ndarray, bool]:
+        key = self._key(w, kind)
+        bits = w.view(f"u{w.itemsize}")
         with self.lock:
-            for stored, u in self.entries.get(key, ()):
-                if np.array_equal(stored, w):
+            for stored, u, special in self.entries.get(key, ()):
+                if _same_bits(stored.view(bits.dtype), bits):
                     self.entries.move_to_end(key)
                     self.hits += 1
-                    return u
-        u = make(w, m)
+                    return u, special
+        u = make(w)
+        special = bool(nonfinite(u))
         with self.lock:
             self.misses += 1
-            self.entries.setdefault(key, []).append((w.copy(), u))
+            self.entries.setdefault(key, []).append((w.copy(), u, special))
             self.entries.move_to_end(key)
             while self._size() > self.max_bytes and len(self.entries) > 1:
                 self.entries.popitem(last=False)
-        return u
+        return u, special
 
     def clear(self) -> None:
         with self.lock:
@@ -266,10 +295,10 @@ def _workspace(m: int):
     return workspace
 
 
-def winograd_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray, m: int) -> np.ndarray:
-    """Forward conv of channels-last x (N, *S, C) and w (O, *K, C) by F(m, 3)."""
-    bth, btw, _, _, ath, atw = (a.astype(x.dtype) for a in _matrices(problem.ndim, m))
-    u = WEIGHT_CACHE.get(w, m, weight_transform)
+def winograd_fwd(problem: ConvProblem, x: np.ndarray, u: np.ndarray, m: int) -> np.ndarray | None:
+    """Forward conv of channels-last x (N, *S, C) by F(m, 3) with transformed weights u
+    (alpha^ndim, C, O); None if x holds NaN or infinity."""
+    winograd_input, winograd_output = stages(problem.ndim, m, x.dtype)
     x4 = x.reshape(x.shape[0], 1, *x.shape[1:]) if problem.ndim == 1 else x
     y = np.empty(problem.y_shape("NHWC"), dtype=x.dtype)
     y4 = y.reshape(y.shape[0], 1, *y.shape[1:]) if problem.ndim == 1 else y
@@ -280,8 +309,7 @@ def winograd_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray, m: int) -> 
     chunks = -(-total // chunk)
     shape_v = (min(chunk, total), u.shape[0], problem.in_channels)
     shape_m = (*shape_v[:2], problem.out_channels)
-
-    special = [nonfinite(u)]  # NaN/inf: Winograd would smear them over whole tiles
+    special = [False]  # NaN/inf met: Winograd would smear them over whole tiles
 
     def work(part: int, parts: int) -> None:
         # tile-major buffers; the GEMM sees them as (alpha^2, tiles, channels) views
@@ -289,36 +317,40 @@ def winograd_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray, m: int) -> 
         for i in range(part, chunks, parts):
             t0 = i * chunk
             b = min(chunk, total - t0)
-            winograd_input(x4, v[:b], t0, tiles_h, tiles_w, pad_h, pad_w, bth, btw)
+            winograd_input(x4, v[:b], t0, tiles_h, tiles_w, pad_h, pad_w)
             if special[0] or nonfinite(v[:b]):
                 special[0] = True
                 return
             np.matmul(v[:b].transpose(1, 0, 2), u, out=prod[:b].transpose(1, 0, 2))
-            winograd_output(prod[:b], y4, t0, tiles_h, tiles_w, ath, atw)
+            winograd_output(prod[:b], y4, t0, tiles_h, tiles_w)
 
     if chunks >= get_num_threads():  # threads over chunks, each with serial BLAS
         with single_threaded_blas():
             run_parallel(work, get_num_threads())
     else:  # too few tiles to share out: one chunk at a time, threaded BLAS
         work(0, 1)
-    if special[0]:  # the direct loops give NaN/inf exactly where IEEE arithmetic does
-        return registry.get("direct", "forward").run(problem, x, w)
-    return y
+    return None if special[0] else y
 
 
-def winograd_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray, m: int) -> np.ndarray:
-    """dx as the forward conv of dy with the flipped, channel-swapped kernel."""
-    return winograd_fwd(backward_data_as_forward(problem), dy, flipped_weight(w), m)
+def _run(problem: ConvProblem, a: np.ndarray, w: np.ndarray, m: int) -> np.ndarray:
+    """Forward, or backward-data as the forward conv of dy with the flipped,
+    channel-swapped kernel (whose transform is cached against the unflipped w).
+    NaN/inf anywhere: the direct loops, which put them where IEEE arithmetic does."""
+    if problem.pass_ == "backward_data":
+        u, special = WEIGHT_CACHE.get(
+            w, (m, "flipped"), lambda w: weight_transform(flipped_weight(w), m))
+        out = None if special else winograd_fwd(backward_data_as_forward(problem), a, u, m)
+    else:
+        u, special = WEIGHT_CACHE.get(w, (m, "forward"), lambda w: weight_transform(w, m))
+        out = None if special else winograd_fwd(problem, a, u, m)
+    return registry.get("direct", problem.pass_).run(problem, a, w) if out is None else out
 
 
 def _register(name: str, m: int, accuracy: int) -> None:
-    def fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        return winograd_fwd(problem, x, w, m)
+    def run(problem: ConvProblem, a: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return _run(problem, a, w, m)
 
-    def bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
-        return winograd_bwd_data(problem, dy, w, m)
-
-    for pass_, run in (("forward", fwd), ("backward_data", bwd_data)):
+    for pass_ in ("forward", "backward_data"):
         register(name, pass_, supports=_supports, workspace_bytes=_workspace(m),
                  exact=False, accuracy=accuracy)(run)
 
