@@ -14,9 +14,10 @@ group (ResNet-50 3x3 stride-1, all ResNet-50, MobileNetV2 depthwise, ...).
 ``--memory`` also compares the peak memory of one call: the rise of the process's
 peak resident set (``VmHWM`` after resetting it through ``/proc/self/clear_refs``)
 above the resident set before the call, with glibc's mmap threshold pinned at 64 KiB
-so that every large buffer is mapped and unmapped (none recycled from earlier calls).
-The same method measures both sides; inputs exist before the call, the output is
-counted.
+so that every large buffer is mapped and unmapped (none recycled from earlier calls);
+that setting adds page faults to both sides' times, so take timings from a run
+without ``--memory``. The same method measures both sides; inputs exist before the
+call, the output is counted.
 
     python bench/bench_fp32.py --suite resnet50,mobilenet_v2 --batch 8,1 --json out.json
 """
@@ -175,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma list of layer-name substrings")
     p.add_argument("--depthwise-only", action="store_true",
                    help="of the suites, keep only depthwise layers")
-    p.add_argument("--memory", action="store_true", help="also compare peak memory (forward)")
+    p.add_argument("--memory", action="store_true", help="also compare peak memory "
+                   "(forward); pins glibc's mmap threshold, which adds page faults to every "
+                   "timing: run timings and memory separately")
     p.add_argument("--json", default="bench_fp32.json")
     a = p.parse_args(argv)
 
@@ -183,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     ce.set_num_threads(a.threads)
     ce.set_tuning(a.tuning)
-    libc = ctypes.CDLL(None)
-    libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: fixed, so big buffers are unmapped
+    if a.memory:  # M_MMAP_THRESHOLD fixed: big buffers mapped fresh (and page-faulted)
+        ctypes.CDLL(None).mallopt(-3, 64 * 1024)
     rng = np.random.default_rng(0)
     rows: list[dict[str, Any]] = []
     only = [s for s in a.only.split(",") if s]

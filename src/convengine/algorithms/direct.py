@@ -158,33 +158,34 @@ def _dw_edge(x, wk, y, n, oh, ow, sh, sw, ph, pw, dh, dw):  # noqa: PLR0913
                 y[n, oh, ow, c] += x[n, ih, iw, c] * wk[kh, kw, c]
 
 
-def _dw_block_source(kh_: int, kw_: int, wb: int, name: str) -> str:
+def _dw_block_source(kh_: int, kw_: int, wb: int, name: str, sw: int, dh: int, dw: int) -> str:
     """Source of a function computing ``wb`` adjacent output pixels of one row, every
-    tap unrolled, vectorised over channels, accumulators in registers."""
+    tap unrolled with literal offsets (so LLVM shares the loads that coincide),
+    vectorised over channels, accumulators in registers."""
     taps = [(i, j) for i in range(kh_) for j in range(kw_)]
-    body = [f"def {name}(x, wk, y, n, oh, ow, ih0, iw0, sw, dh, dw):",
-            "    for c in range(x.shape[3]):"]
+    body = [f"def {name}(x, wk, y, n, oh, ow, ih0, iw0):"]
+    body += [f"    r{i} = x[n, ih0 + {i * dh}]" for i in range(kh_)]
+    body += ["    out = y[n, oh]", "    for c in range(x.shape[3]):"]
     body += [f"        w{i}_{j} = wk[{i}, {j}, c]" for i, j in taps]
     for b in range(wb):
-        terms = " + ".join(
-            f"x[n, ih0 + {i} * dh, iw0 + {b} * sw + {j} * dw, c] * w{i}_{j}" for i, j in taps
-        )
-        body.append(f"        y[n, oh, ow + {b}, c] = {terms}")
+        terms = " + ".join(f"r{i}[iw0 + {b * sw + j * dw}, c] * w{i}_{j}" for i, j in taps)
+        body.append(f"        out[ow + {b}, c] = {terms}")
     return "\n".join(body) + "\n"
 
 
-_DW_KERNELS: dict[tuple[int, int], object] = {}
+_DW_KERNELS: dict[tuple[int, ...], object] = {}
 DW_BLOCK = 4  # output pixels per register block
 
 
-def depthwise2d_kernel(kh_: int, kw_: int):
-    """The compiled depthwise 2-D forward for a (KH, KW) kernel, multiplier 1:
+def depthwise2d_kernel(kh_: int, kw_: int, sw_: int, dh_: int, dw_: int):
+    """The compiled depthwise 2-D forward for a (KH, KW) kernel, multiplier 1, width
+    stride ``sw_`` and dilations ``dh_, dw_``:
     ``kernel(x (N,H,W,C), wk (KH,KW,C), y (N,OH,OW,C), sh, sw, ph, pw, dh, dw)``."""
-    key = (kh_, kw_)
+    key = (kh_, kw_, sw_, dh_, dw_)
     if key not in _DW_KERNELS:
         scope: dict[str, object] = {}
-        exec(_dw_block_source(kh_, kw_, DW_BLOCK, "block"), scope)  # noqa: S102
-        exec(_dw_block_source(kh_, kw_, 1, "single"), scope)  # noqa: S102
+        exec(_dw_block_source(kh_, kw_, DW_BLOCK, "block", sw_, dh_, dw_), scope)  # noqa: S102
+        exec(_dw_block_source(kh_, kw_, 1, "single", sw_, dh_, dw_), scope)  # noqa: S102
         block = njit(**NOALIAS)(scope["block"])
         single = njit(**NOALIAS)(scope["single"])
 
@@ -204,10 +205,10 @@ def depthwise2d_kernel(kh_: int, kw_: int):
                 _dw_edge(x, wk, y, n, oh, ow, sh, sw, ph, pw, dh, dw)
             ow = lo
             while ow + DW_BLOCK <= hi:
-                block(x, wk, y, n, oh, ow, ih0, ow * sw - pw, sw, dh, dw)
+                block(x, wk, y, n, oh, ow, ih0, ow * sw - pw)
                 ow += DW_BLOCK
             while ow < hi:
-                single(x, wk, y, n, oh, ow, ih0, ow * sw - pw, sw, dh, dw)
+                single(x, wk, y, n, oh, ow, ih0, ow * sw - pw)
                 ow += 1
             for ow in range(hi, ow_):
                 _dw_edge(x, wk, y, n, oh, ow, sh, sw, ph, pw, dh, dw)
@@ -408,7 +409,7 @@ def direct_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray
     y5 = _as3d(y, problem.ndim)
     if _depthwise2d(problem):
         wk = _channel_weight(problem, w)[0]
-        kernel = depthwise2d_kernel(*wk.shape[:2])
+        kernel = depthwise2d_kernel(*wk.shape[:2], geo[2], *geo[7:9])
         kernel(x5[:, 0], wk, y5[:, 0], *geo[1:3], *geo[4:6], *geo[7:9])
     elif problem.in_per_group == 1:
         direct_fwd_channel(x5, _channel_weight(problem, w), y5, *geo)
@@ -433,7 +434,7 @@ def direct_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.n
         # stride 1: the forward depthwise conv of dy with the flipped kernel
         wk = np.ascontiguousarray(_channel_weight(problem, w)[0, ::-1, ::-1])
         pad = [e - 1 - lo for e, lo in zip(extents, lows)]
-        kernel = depthwise2d_kernel(*wk.shape[:2])
+        kernel = depthwise2d_kernel(*wk.shape[:2], 1, *geo[7:9])
         kernel(dy5[:, 0], wk, dx5[:, 0], 1, 1, pad[1], pad[2], *geo[7:9])
     elif problem.in_per_group == 1:
         direct_bwd_data_channel(dy5, _channel_weight(problem, w), dx5, *geo)
