@@ -16,10 +16,10 @@ import pytest
 
 import convengine
 from convengine import ConvSetupError, qconv
-from convengine.quant import HAS_VNNI, cpu
+from convengine.quant import HAS_AMX, HAS_VNNI, cpu
 from convengine.quant.numerics import apply_requant, requant_params
 
-PATHS = ["portable"] + (["vnni"] if HAS_VNNI else [])
+PATHS = ["portable"] + (["vnni"] if HAS_VNNI else []) + (["amx"] if HAS_AMX else [])
 
 
 # ----------------------------------------------------------------- int64 reference

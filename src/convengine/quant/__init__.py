@@ -1,11 +1,12 @@
 """Quantized int8 convolution: numerics (quantize, dequantize, requantize) and qconv."""
 
 from .api import qconv
-from .cpu import HAS_VNNI, int8_path, set_int8_path
+from .cpu import HAS_AMX, HAS_VNNI, int8_path, set_int8_path
 from .numerics import dequantize, quantize, quantize_per_channel, requantize
 from .prepack import clear_cache
 
 __all__ = [
+    "HAS_AMX",
     "HAS_VNNI",
     "clear_cache",
     "dequantize",

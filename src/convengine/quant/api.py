@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import ConvSetupError
 from ..problem import ConvProblem, as_array, make_problem
 from . import cpu, kernels
+from ._amx import tile_config
 from .numerics import (
     BIAS_MODES,
     Requant,
@@ -27,7 +28,9 @@ from .numerics import (
 )
 from .prepack import packed_weights
 
-ALGOS = ("auto", "vnni", "portable", "depthwise")
+ALGOS = ("auto", "amx", "vnni", "portable", "depthwise")
+_TILE_CONFIG = tile_config()
+AMX_MIN_K = 256  # measured here: AMX 0.6x VNNI at K = 64, 0.97-1.5x from K = 320 up
 _DTYPES = {np.dtype(np.uint8): "uint8", np.dtype(np.int8): "int8"}
 
 
@@ -65,7 +68,8 @@ def _geometry(problem: ConvProblem) -> np.ndarray:
 
 def choose_algo(problem: ConvProblem, algo: str) -> str:
     """The kernel that serves ``problem``: ``auto`` picks depthwise where it applies
-    (groups == C == O, at most 258 taps), else the CPU's dense path."""
+    (groups == C == O, at most 258 taps), else the CPU's dense path (AMX only for
+    reductions of at least ``AMX_MIN_K`` = C/g * prod(K) values, VNNI below)."""
     if algo not in ALGOS:
         raise ConvSetupError(f"unknown algo {algo!r} for qconv; expected one of {ALGOS}")
     taps = int(np.prod(problem.kernel))
@@ -81,9 +85,16 @@ def choose_algo(problem: ConvProblem, algo: str) -> str:
         )
     if algo == "vnni" and not cpu.HAS_VNNI:
         raise ConvSetupError("algo='vnni' needs a CPU with AVX512-VNNI; this one lacks it")
+    if algo == "amx" and not cpu.HAS_AMX:
+        raise ConvSetupError("algo='amx' needs a CPU with AMX-INT8 and the OS granting it")
     if algo != "auto":
         return algo
-    return "depthwise" if depthwise else cpu.int8_path()
+    if depthwise:
+        return "depthwise"
+    path = cpu.int8_path()
+    if path == "amx" and problem.in_per_group * taps < AMX_MIN_K:
+        return "vnni"  # short K: tile set-up and stores outweigh the tile products
+    return path
 
 
 def qconv(
@@ -241,6 +252,12 @@ def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
     elif path == "portable":
         kernels.conv_portable(xu, flip, xzp_u, packed.data, plan.geometry, problem.groups,
                               *args)
+    elif path == "amx":
+        col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
+        prows = kernels.panel_rows(y.shape[0], packed.kc4 * 4, numba.get_num_threads(), 32)
+        kernels.conv_amx(xu, flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term,
+                         plan.geometry, problem.groups, packed.kc, packed.kc4, packed.nb,
+                         prows, _TILE_CONFIG, *args)
     else:
         col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
         direct = (problem.is_pointwise and problem.groups == 1 and flip == 0

@@ -1,8 +1,9 @@
-"""Which int8 code path runs: VNNI where the CPU has it, else the portable one.
+"""Which dense int8 code path runs: AMX, else AVX512-VNNI, else the portable one.
 
-Detected once at import from LLVM's view of the host CPU. Force a path with the
-environment variable ``CONVENGINE_INT8_PATH=portable`` (or ``vnni``, ``auto``) before
-import, or with :func:`set_int8_path` at run time.
+Detected once at import from LLVM's view of the host CPU (AMX also needs Linux to
+grant tile state, requested here). Force a path with the environment variable
+``CONVENGINE_INT8_PATH=portable`` (or ``vnni``, ``amx``, ``auto``) before import, or
+with :func:`set_int8_path` at run time.
 """
 
 from __future__ import annotations
@@ -11,23 +12,26 @@ import os
 import platform
 
 from ..errors import ConvSetupError
+from ._amx import request_amx
 
-INT8_PATHS = ("auto", "vnni", "portable")
+INT8_PATHS = ("auto", "amx", "vnni", "portable")
 
 
-def _detect_vnni() -> bool:
+def _host_features() -> dict[str, bool]:
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
+        return {}
     try:
         import llvmlite.binding as llvm
 
-        features = llvm.get_host_cpu_features()
+        return dict(llvm.get_host_cpu_features())
     except Exception:  # noqa: BLE001 - no feature list: assume the worst
-        return False
-    return bool(features.get("avx512vnni") and features.get("avx512bw"))
+        return {}
 
 
-HAS_VNNI = _detect_vnni()
+_features = _host_features()
+HAS_VNNI = bool(_features.get("avx512vnni") and _features.get("avx512bw"))
+HAS_AMX = bool(HAS_VNNI and _features.get("amx-int8") and _features.get("amx-tile")
+               and request_amx())
 _forced = "auto"
 
 
@@ -38,14 +42,16 @@ def set_int8_path(path: str) -> None:
         raise ConvSetupError(f"int8 path must be one of {INT8_PATHS}, got {path!r}")
     if path == "vnni" and not HAS_VNNI:
         raise ConvSetupError("int8 path 'vnni' needs a CPU with AVX512-VNNI; this one lacks it")
+    if path == "amx" and not HAS_AMX:
+        raise ConvSetupError("int8 path 'amx' needs AMX-INT8 granted by the OS; not here")
     _forced = path
 
 
 def int8_path() -> str:
-    """The dense int8 path ``"auto"`` resolves to now: ``"vnni"`` or ``"portable"``."""
+    """The dense int8 path ``"auto"`` resolves to now: "amx", "vnni" or "portable"."""
     if _forced != "auto":
         return _forced
-    return "vnni" if HAS_VNNI else "portable"
+    return "amx" if HAS_AMX else "vnni" if HAS_VNNI else "portable"
 
 
 _env = os.environ.get("CONVENGINE_INT8_PATH", "auto").strip().lower() or "auto"
@@ -53,6 +59,6 @@ if _env not in INT8_PATHS:
     raise ConvSetupError(
         f"CONVENGINE_INT8_PATH must be one of {INT8_PATHS}, got {_env!r}"
     )
-if _env == "vnni" and not HAS_VNNI:
-    raise ConvSetupError("CONVENGINE_INT8_PATH=vnni needs a CPU with AVX512-VNNI")
+if (_env == "vnni" and not HAS_VNNI) or (_env == "amx" and not HAS_AMX):
+    raise ConvSetupError(f"CONVENGINE_INT8_PATH={_env} is not available on this CPU")
 _forced = _env

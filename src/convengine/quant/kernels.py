@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ._amx import amx_32x32, amx_begin, amx_end
 from ._vnni import MR, NR, ukernel_6x64
 
 PANEL_ROWS = 2 * MR  # portable kernel
@@ -111,13 +112,14 @@ def _store_tile(tile, mr, ncol, m0, o0, rows, r0, wzp, col_term, mode, mult, bia
                 out[m, o] = _epilogue(acc, o, mode, mult, bias_f, bias_i, zp, lo, hi)
 
 
-def panel_rows(m_total: int, lda: int, threads: int) -> int:
-    """Rows per im2col panel: the panel (rows x lda bytes) stays in L2 while every
-    64-column weight block streams past it; panels come in multiples of ``threads``."""
+def panel_rows(m_total: int, lda: int, threads: int, multiple: int = MR) -> int:
+    """Rows per im2col panel, a multiple of ``multiple``: the panel (rows x lda bytes)
+    stays in L2 while every 64-column weight block streams past it; panels come in
+    multiples of ``threads``."""
     npanel = max(1, -(-m_total * lda // PANEL_BYTES))
     npanel = -(-npanel // threads) * threads
     rows = -(-m_total // npanel)
-    return max(MR, -(-rows // MR) * MR)
+    return max(multiple, -(-rows // multiple) * multiple)
 
 
 @njit(parallel=True, cache=True)
@@ -171,6 +173,48 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
                     _store_tile(ctile[(rb - m0) * NR:], min(MR, m1 - rb), ncol, rb,
                                 g * og + b * NR, rows, rb - m0, wzp, col_term, mode, mult,
                                 bias_f, bias_i, zp, lo, hi, out)
+
+
+@njit(parallel=True, cache=True)
+def conv_amx(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, prows, cfg,
+             mode, mult, bias_f, bias_i, zp, lo, hi, out):
+    """As :func:`conv_vnni` with AMX tiles: 32 x 32 blocks by ``tdpbusd``.
+
+    ``kc4`` is a multiple of 16 (K padded to 64 bytes), ``prows`` a multiple of 32; rows
+    past the panel's end hold stale bytes whose results are never stored.
+    """
+    m_total = out.shape[0]
+    og = out.shape[1] // groups
+    cg = x.shape[4] // groups
+    lda = kc4 * 4
+    need_sum = np.any(wzp != 0)
+    npanel = (m_total + prows - 1) // prows
+    for p in prange(npanel):
+        amx_begin(cfg)
+        buf = np.empty(prows * lda, np.uint8)
+        rows = np.zeros(prows, np.int32)
+        ctile = np.empty(prows * NR, np.int32)
+        m0 = p * prows
+        m1 = min(m_total, m0 + prows)
+        for g in range(groups):
+            for m in range(m0, m1):
+                pos = (m - m0) * lda
+                _gather_u8(x, m, g, cg, geo, xzp ^ flip, buf, pos)
+                for k in range(kc, lda):
+                    buf[np.uintp(pos + k)] = 0
+                rows[m - m0] = _flip_and_sum(buf, pos, kc, flip, need_sum)
+            for b in range(nb):
+                ncol = min(NR, og - b * NR)
+                b_base = (g * nb + b) * kc4 * NR * 4
+                for half in range(2 if ncol > 32 else 1):
+                    for rb in range(m0, m1, 32):
+                        amx_32x32(buf, (rb - m0) * lda, lda, wp, b_base + half * 128,
+                                  kc4 // 16, ctile, (rb - m0) * NR + half * 32)
+                for rb in range(m0, m1, MR):
+                    _store_tile(ctile[(rb - m0) * NR:], min(MR, m1 - rb), ncol, rb,
+                                g * og + b * NR, rows, rb - m0, wzp, col_term, mode, mult,
+                                bias_f, bias_i, zp, lo, hi, out)
+        amx_end()
 
 
 @njit(parallel=True, cache=True)

@@ -22,7 +22,8 @@ CACHE_SIZE = 64
 
 @dataclass(frozen=True)
 class Packed:
-    """``data``: VNNI (g * nb * kc4 * 64 * 4,) int8, portable (O, Kc) int16 ``w - wzp``,
+    """``data``: VNNI/AMX (g * nb * kc4 * 64 * 4,) int8 (AMX: kc4 a multiple of 16),
+    portable (O, Kc) int16 ``w - wzp``,
     depthwise (taps, C) float32 ``w - wzp``. ``wzp`` (O,) int64 signed-weight zero
     points; ``col_sum`` (O,) int64 ``sum_k w_signed[o, k]``."""
 
@@ -57,7 +58,7 @@ def _pack(w: np.ndarray, wzp: np.ndarray, groups: int, path: str) -> Packed:
         diff = (mat.astype(np.int16) - zs.astype(np.int16)[:, None]).copy()
         return Packed(diff, zs, col_sum, kc, 0, 0)
     og = o // groups
-    kc4 = -(-kc // 4)
+    kc4 = -(-kc // 64) * 16 if path == "amx" else -(-kc // 4)
     nb = -(-og // NR)
     padded = np.zeros((groups, nb * NR, kc4 * 4), np.int8)
     padded[:, :og, :kc] = mat.reshape(groups, og, kc)
@@ -87,8 +88,8 @@ def packed_weights(
     groups: int,
     path: str,
 ) -> Packed:
-    """The packed form of the caller's weights ``w`` for ``path`` ("vnni", "portable",
-    "depthwise"); ``canonical(w)`` gives ``(O, KD, KH, KW, C // g)``.
+    """The packed form of the caller's weights ``w`` for ``path`` ("amx", "vnni",
+    "portable", "depthwise"); ``canonical(w)`` gives ``(O, KD, KH, KW, C // g)``.
 
     Looked up by the array's identity, layout and zero points, then confirmed by an
     exact comparison of ``w`` with the copy saved at packing time: weights changed in
