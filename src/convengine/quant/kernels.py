@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._amx import amx_32x32, amx_begin, amx_end
+from ._simd import dw3x3_16
 from ._vnni import MR, NR, ukernel_6x64
 
 PANEL_ROWS = 2 * MR  # portable kernel
@@ -296,13 +297,14 @@ def conv_depthwise(x, xzp, wf, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out)
 def _store_row(acc, m, mode, mult, bias_f, bias_i, zp, lo, hi, out):
     """Requantize one output pixel's float32 accumulators (exact integers) into out[m]."""
     flo, fhi, fz = np.float32(lo), np.float32(hi), np.float32(zp)
+    orow = out[m]
     if mode == 0:
         for c in range(acc.shape[0]):
             v = np.rint((acc[c] + bias_f[c]) * mult[c]) + fz
-            out[m, c] = np.int32(min(max(v, flo), fhi))
+            orow[c] = np.int32(min(max(v, flo), fhi))
     else:
         for c in range(acc.shape[0]):
-            out[m, c] = _epilogue(np.int64(acc[c]), c, mode, mult, bias_f, bias_i, zp, lo, hi)
+            orow[c] = _epilogue(np.int64(acc[c]), c, mode, mult, bias_f, bias_i, zp, lo, hi)
 
 
 @njit(parallel=True, fastmath={"contract"}, cache=True)
@@ -319,6 +321,7 @@ def conv_depthwise_3x3(x, xzp, wf, wsum, geo, mode, mult, bias_f, bias_i, zp, lo
     ow_a = min(ow_n, (pw + sw - 1) // sw)
     ow_b = max(ow_a, min(ow_n, (w_in - 1 - 2 * dw + pw) // sw + 1))
     cs, rs = dw * chans, dh * w_in * chans
+    chans16 = chans - chans % 16
     wflat = wf.reshape(-1)
     for row in prange(n_img * oh_n):
         n = row // oh_n
@@ -329,7 +332,9 @@ def conv_depthwise_3x3(x, xzp, wf, wsum, geo, mode, mult, bias_f, bias_i, zp, lo
             ix0 = ow * sw - pw
             if rows_ok and ow_a <= ow < ow_b:
                 b = ((n * h_in + iy0) * w_in + ix0) * chans
-                for c in range(chans):  # unsigned indices: no wraparound checks
+                for c in range(0, chans16, 16):
+                    dw3x3_16(xflat, b, cs, rs, wflat, c, chans, wsum, fzp, acc)
+                for c in range(chans16, chans):  # unsigned indices: no wraparound checks
                     r0, r1, r2 = b + c, b + rs + c, b + 2 * rs + c
                     s = (np.float32(xflat[np.uintp(r0)]) * wflat[np.uintp(c)]
                          + np.float32(xflat[np.uintp(r0 + cs)]) * wflat[np.uintp(c + chans)]
