@@ -262,7 +262,8 @@ def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
         col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
         direct = (problem.is_pointwise and problem.groups == 1 and flip == 0
                   and problem.in_channels % 4 == 0)
-        prows = kernels.panel_rows(y.shape[0], packed.kc4 * 4, numba.get_num_threads())
+        prows = kernels.panel_rows(y.shape[0], packed.kc4 * 4, numba.get_num_threads(),
+                                   kernels.VNNI_ROWS)
         kernels.conv_vnni(xu, flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term,
                           plan.geometry, problem.groups, packed.kc, packed.kc4, packed.nb,
                           direct, prows, *args)

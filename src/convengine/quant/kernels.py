@@ -25,10 +25,11 @@ from numba import njit, prange
 
 from ._amx import amx_32x32, amx_begin, amx_end
 from ._simd import dw3x3_16
-from ._vnni import MR, NR, ukernel_6x64
+from ._vnni import MR, NR, ukernel_6x64, ukernel_8x32, ukernel_12x16
 
 PANEL_ROWS = 2 * MR  # portable kernel
 PANEL_BYTES = 384 * 1024  # VNNI im2col panel: about a fifth of a 2 MiB L2
+VNNI_ROWS = 24  # panels of whole 6-, 8- and 12-row blocks (the micro-kernels' heights)
 KC4_BLOCK = 64  # K chunk of 256 bytes: a 64-column weight block of 16 KiB stays in L1
 DEPTHWISE_MAX_TAPS = (1 << 24) // (255 * 255)
 
@@ -131,7 +132,9 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
     ``wp`` flat int8 (g, nb, kc4, 64, 4); ``wzp``, ``col_term`` (O,) int32 with
     ``col_term[o] = kc*xzp*wzp[o] - xzp*sum_k w[o, k]`` (wrapping like the int32 sum).
     ``direct``: a 1x1, stride-1, unpadded, ungrouped conv on uint8 with C % 4 == 0 reads
-    x in place (no im2col). ``prows`` rows per panel (:func:`panel_rows`). For each
+    x in place (no im2col). ``prows`` rows per panel, a multiple of ``VNNI_ROWS``
+    (:func:`panel_rows`). Column blocks of at most 16 or 32 channels use the narrow
+    micro-kernels. For each
     64-column block the K dimension runs in chunks of ``KC4_BLOCK * 4`` bytes whose
     weights (16 KiB) stay in L1 across the panel's row blocks; int32 partial tiles of
     the panel accumulate in ``ctile``.
@@ -166,10 +169,22 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
                 b_base = (g * nb + b) * kc4 * NR * 4
                 for k0 in range(0, kc4, KC4_BLOCK):
                     kn = min(KC4_BLOCK, kc4 - k0)
-                    for rb in range(m0, m1, MR):
-                        ukernel_6x64(a, a0 + (rb - m0) * lda + k0 * 4, lda, wp,
-                                     b_base + k0 * NR * 4, kn, min(MR, m1 - rb), ctile,
-                                     (rb - m0) * NR, 1 if k0 > 0 else 0)
+                    keep = 1 if k0 > 0 else 0
+                    if ncol <= 16:
+                        for rb in range(m0, m1, 12):
+                            ukernel_12x16(a, a0 + (rb - m0) * lda + k0 * 4, lda, wp,
+                                          b_base + k0 * NR * 4, kn, min(12, m1 - rb), ctile,
+                                          (rb - m0) * NR, keep)
+                    elif ncol <= 32:
+                        for rb in range(m0, m1, 8):
+                            ukernel_8x32(a, a0 + (rb - m0) * lda + k0 * 4, lda, wp,
+                                         b_base + k0 * NR * 4, kn, min(8, m1 - rb), ctile,
+                                         (rb - m0) * NR, keep)
+                    else:
+                        for rb in range(m0, m1, MR):
+                            ukernel_6x64(a, a0 + (rb - m0) * lda + k0 * 4, lda, wp,
+                                         b_base + k0 * NR * 4, kn, min(MR, m1 - rb), ctile,
+                                         (rb - m0) * NR, keep)
                 for rb in range(m0, m1, MR):
                     _store_tile(ctile[(rb - m0) * NR:], min(MR, m1 - rb), ncol, rb,
                                 g * og + b * NR, rows, rb - m0, wzp, col_term, mode, mult,
