@@ -47,7 +47,10 @@ def _int_array(value: Any, name: str, allowed: tuple[str, ...]) -> np.ndarray:
 
 
 def _canonical(a: np.ndarray, problem: ConvProblem) -> np.ndarray:
-    """(N|O, C, *S) or (N|O, *S, C) -> (N|O, D, H, W, C) C-contiguous, unit dims in front."""
+    """(N|O, C, *S) or (N|O, *S, C) -> (N|O, D, H, W, C) C-contiguous, unit dims in front.
+    Idempotent: an array already in that form comes back as it is."""
+    if a.ndim == 5 and (problem.ndim < 3 or problem.layout == "NHWC"):
+        return np.ascontiguousarray(a)
     if problem.layout == "NCHW":
         a = np.moveaxis(a, 1, -1)
     pad = 3 - problem.ndim

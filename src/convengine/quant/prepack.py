@@ -1,6 +1,6 @@
 """Weights prepared once per (weights, zero points, groups, path) and cached.
 
-An entry is found by the weight array's identity and confirmed by comparing its
+An entry is found by the weight array's address and confirmed by comparing its
 bytes with the copy saved at packing time (a vectorised pass, far cheaper than
 packing), so an array changed in place is never served stale. Canonical weights
 are ``w (O, KD, KH, KW, C // g)``.
@@ -91,12 +91,13 @@ def packed_weights(
     """The packed form of the caller's weights ``w`` for ``path`` ("amx", "vnni",
     "portable", "depthwise"); ``canonical(w)`` gives ``(O, KD, KH, KW, C // g)``.
 
-    Looked up by the array's identity, layout and zero points, then confirmed by an
-    exact comparison of ``w`` with the copy saved at packing time: weights changed in
-    place are repacked, never served stale.
+    Looked up by the array's data address, layout and zero points, then confirmed by
+    an exact comparison of ``w`` with the copy saved at packing time: weights changed
+    in place (or a new array at a reused address) are repacked, never served stale.
     """
     wzp = np.ascontiguousarray(wzp, dtype=np.int64)
-    key = (path, groups, id(w), w.shape, w.strides, w.dtype.str, wzp.tobytes())
+    address = w.__array_interface__["data"][0]  # views of one buffer share an entry
+    key = (path, groups, address, w.shape, w.strides, w.dtype.str, wzp.tobytes())
     hit = _cache.get(key)
     if hit is not None and _unchanged(hit[0], w):
         _cache.move_to_end(key)
