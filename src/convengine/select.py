@@ -39,12 +39,15 @@ def _preference(problem: ConvProblem) -> list[str]:
 
 def _suits(problem: ConvProblem, algo: Algorithm) -> bool:
     """Speed and accuracy rules on top of ``supports``: float64 callers get exact
-    algorithms only; per-tap GEMMs (flat_gemm, implicit_gemm) are too thin below 16
-    input channels; flat_gemm's forward wastes ``stride``x work on strided layers."""
+    algorithms only; inexact ones (Winograd) and per-tap GEMMs (flat_gemm,
+    implicit_gemm) only from 16 channels; flat_gemm's forward wastes ``stride``x work on
+    strided layers."""
     if not algo.exact and problem.dtype == "float64":
         return False
     if algo.name in ("flat_gemm", "implicit_gemm") and problem.in_channels < 16:
         return False
+    if not algo.exact and min(problem.in_channels, problem.out_channels) < 16:
+        return False  # Winograd's saving is in the GEMM; thin layers pay only transforms
     strided = any(s > 1 for s in problem.stride)
     return not (algo.name == "flat_gemm" and strided and problem.pass_ == "forward")
 
