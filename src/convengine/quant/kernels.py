@@ -10,9 +10,11 @@ problems padded to 3-D with unit dims, ``geo`` the int64 vector
 - :func:`conv_vnni`: im2col panels (L2-sized) gathered into a buffer, then the
   VNNI micro-kernel on weights prepacked (g, O/64, Kc/4, 64, 4); zero points enter
   through row sums and precomputed column terms, as in fbgemm.
+- :func:`conv_amx`: the same panels, 32 x 32 blocks on AMX tiles (``tdpbusd``).
 - :func:`conv_portable`: the same gather into int16 differences, int32 dot products.
 - :func:`conv_depthwise`: groups == C == O; float32 products and sums of integers
-  that stay below 2**24 (``prod(K) * 255 * 255 < 2**24``), hence exact.
+  that stay below 2**24 (``prod(K) * 255 * 255 < 2**24``), hence exact;
+  :func:`conv_depthwise_3x3` the 2-D 3x3 case with the taps summed in registers.
 
 ``mode`` selects the epilogue: 0 PyTorch float requantization, 1 ONNX int32-bias
 requantization, 2 the raw int32 accumulator plus the int32 bias.
