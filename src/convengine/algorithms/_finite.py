@@ -5,10 +5,14 @@ from __future__ import annotations
 from numba import njit
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc"})
+@njit(cache=True, nogil=True, fastmath={"reassoc", "nsz", "contract"})
 def nonfinite(a):
-    """Whether a holds a NaN or an infinity (0 * v is NaN exactly for those)."""
-    total = 0.0
-    for v in a.reshape(-1):
-        total += v * 0
+    """Whether a holds a NaN or an infinity (0 * v is NaN exactly for those). The sum
+    runs in a's dtype, reassociated, so that LLVM vectorises it."""
+    flat = a.reshape(-1)
+    if flat.size == 0:
+        return False
+    total = flat[0] * 0
+    for i in range(flat.size):
+        total += flat[i] * 0
     return total != 0
