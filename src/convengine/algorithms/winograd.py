@@ -269,9 +269,14 @@ def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
 
 
 def _chunk(problem: ConvProblem, m: int) -> int:
+    """Tiles per chunk: about CHUNK_BYTES of V and M, at least MIN_TILES, but small
+    enough that every thread gets a chunk (threaded BLAS on one chunk collapsed to
+    2 GFLOP/s next to a busy neighbour: its threads wait on each other)."""
     alpha2 = (m + 2) ** problem.ndim
     per_tile = alpha2 * (problem.in_channels + problem.out_channels) * 4
-    return max(MIN_TILES, CHUNK_BYTES // per_tile)
+    th, tw = _tiles(problem, m)
+    share = -(-problem.batch * th * tw // get_num_threads())
+    return max(1, min(max(MIN_TILES, CHUNK_BYTES // per_tile), share))
 
 
 def _tiles(problem: ConvProblem, m: int) -> tuple[int, int]:
@@ -283,12 +288,10 @@ def _workspace(m: int):
     def workspace(problem: ConvProblem) -> int:
         fwd = backward_data_as_forward(problem) if problem.pass_ == "backward_data" else problem
         th, tw = _tiles(fwd, m)
-        tiles = max(1, min(_chunk(fwd, m), fwd.batch * th * tw))
+        tiles, total = _chunk(fwd, m), fwd.batch * th * tw
         alpha2 = (m + 2) ** fwd.ndim
-        chunks = -(-fwd.batch * th * tw // tiles)
-        chunk = alpha2 * tiles * (fwd.in_channels + fwd.out_channels)
-        if chunks >= get_num_threads():
-            chunk *= get_num_threads()  # one pair of buffers per thread
+        chunk = alpha2 * min(tiles, total) * (fwd.in_channels + fwd.out_channels)
+        chunk *= min(get_num_threads(), -(-total // tiles))  # a pair of buffers per thread
         u = alpha2 * fwd.in_channels * fwd.out_channels
         return (chunk + u) * fwd.compute_dtype.itemsize
 
@@ -324,11 +327,8 @@ def winograd_fwd(problem: ConvProblem, x: np.ndarray, u: np.ndarray, m: int) -> 
             np.matmul(v[:b].transpose(1, 0, 2), u, out=prod[:b].transpose(1, 0, 2))
             winograd_output(prod[:b], y4, t0, tiles_h, tiles_w)
 
-    if chunks >= get_num_threads():  # threads over chunks, each with serial BLAS
-        with single_threaded_blas():
-            run_parallel(work, get_num_threads())
-    else:  # too few tiles to share out: one chunk at a time, threaded BLAS
-        work(0, 1)
+    with single_threaded_blas():  # threads over chunks, each with serial BLAS
+        run_parallel(work, min(get_num_threads(), chunks))
     return None if special[0] else y
 
 
