@@ -30,7 +30,11 @@ from .prepack import packed_weights
 
 ALGOS = ("auto", "amx", "vnni", "portable", "depthwise")
 _TILE_CONFIG = tile_config()
-AMX_MIN_K = 256  # measured here: AMX 0.6x VNNI at K = 64, 0.97-1.5x from K = 320 up
+# Shortest reductions C/g * prod(K) worth AMX tiles (measured against VNNI here: with
+# im2col 0.6-0.8x at K = 64-192, 1.1-1.5x from 288 up; reading x in place 1.0x at
+# K = 64, 1.8x at 128).
+AMX_MIN_K = 256
+AMX_MIN_K_DIRECT = 128
 _DTYPES = {np.dtype(np.uint8): "uint8", np.dtype(np.int8): "int8"}
 
 
@@ -72,7 +76,8 @@ def _geometry(problem: ConvProblem) -> np.ndarray:
 def choose_algo(problem: ConvProblem, algo: str) -> str:
     """The kernel that serves ``problem``: ``auto`` picks depthwise where it applies
     (groups == C == O, at most 258 taps), else the CPU's dense path (AMX only for
-    reductions of at least ``AMX_MIN_K`` = C/g * prod(K) values, VNNI below)."""
+    reductions C/g * prod(K) of at least ``AMX_MIN_K`` values, ``AMX_MIN_K_DIRECT``
+    when x is read in place; VNNI below)."""
     if algo not in ALGOS:
         raise ConvSetupError(f"unknown algo {algo!r} for qconv; expected one of {ALGOS}")
     taps = int(np.prod(problem.kernel))
@@ -95,9 +100,17 @@ def choose_algo(problem: ConvProblem, algo: str) -> str:
     if depthwise:
         return "depthwise"
     path = cpu.int8_path()
-    if path == "amx" and problem.in_per_group * taps < AMX_MIN_K:
+    min_k = AMX_MIN_K_DIRECT if _in_place(problem, 64) else AMX_MIN_K
+    if path == "amx" and problem.in_per_group * taps < min_k:
         return "vnni"  # short K: tile set-up and stores outweigh the tile products
     return path
+
+
+def _in_place(problem: ConvProblem, multiple: int) -> bool:
+    """A 1x1 stride-1 unpadded ungrouped conv on uint8 whose C is a multiple of
+    ``multiple``: the GEMM reads x where it lies (no im2col)."""
+    return (problem.is_pointwise and problem.groups == 1 and problem.dtype == "uint8"
+            and problem.in_channels % multiple == 0)
 
 
 def qconv(
@@ -258,13 +271,13 @@ def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
     elif path == "amx":
         col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
         prows = kernels.panel_rows(y.shape[0], packed.kc4 * 4, numba.get_num_threads(), 32)
+        direct = _in_place(problem, 64) and flip == 0
         kernels.conv_amx(xu, flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term,
                          plan.geometry, problem.groups, packed.kc, packed.kc4, packed.nb,
-                         prows, _TILE_CONFIG, *args)
+                         direct, prows, _TILE_CONFIG, *args)
     else:
         col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
-        direct = (problem.is_pointwise and problem.groups == 1 and flip == 0
-                  and problem.in_channels % 4 == 0)
+        direct = _in_place(problem, 4) and flip == 0
         prows = kernels.panel_rows(y.shape[0], packed.kc4 * 4, numba.get_num_threads(),
                                    kernels.VNNI_ROWS)
         kernels.conv_vnni(xu, flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term,

@@ -194,40 +194,58 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
 
 
 @njit(parallel=True, cache=True)
-def conv_amx(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, prows, cfg,
+def conv_amx(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, prows, cfg,
              mode, mult, bias_f, bias_i, zp, lo, hi, out):
     """As :func:`conv_vnni` with AMX tiles: 32 x 32 blocks by ``tdpbusd``.
 
     ``kc4`` is a multiple of 16 (K padded to 64 bytes), ``prows`` a multiple of 32; rows
-    past the panel's end hold stale bytes whose results are never stored.
+    past the panel's end hold stale bytes whose results are never stored. ``direct``
+    (1x1, stride 1, unpadded, ungrouped, uint8, C % 64 == 0) reads x in place, the
+    last partial block of 32 rows through a zero-padded copy.
     """
     m_total = out.shape[0]
     og = out.shape[1] // groups
     cg = x.shape[4] // groups
     lda = kc4 * 4
+    xflat = x.reshape(-1)
     need_sum = np.any(wzp != 0)
     npanel = (m_total + prows - 1) // prows
+    full_end = m_total - m_total % 32  # row blocks from here on are partial
     for p in prange(npanel):
         amx_begin(cfg)
-        buf = np.empty(prows * lda, np.uint8)
+        buf = np.empty(32 * lda if direct else prows * lda, np.uint8)
         rows = np.zeros(prows, np.int32)
         ctile = np.empty(prows * NR, np.int32)
         m0 = p * prows
         m1 = min(m_total, m0 + prows)
         for g in range(groups):
-            for m in range(m0, m1):
-                pos = (m - m0) * lda
-                _gather_u8(x, m, g, cg, geo, xzp ^ flip, buf, pos)
-                for k in range(kc, lda):
-                    buf[np.uintp(pos + k)] = 0
-                rows[m - m0] = _flip_and_sum(buf, pos, kc, flip, need_sum)
+            if direct:
+                for m in range(m0, m1):
+                    rows[m - m0] = _flip_and_sum(xflat, m * kc, kc, 0, need_sum)
+                if m1 > full_end:
+                    buf[:] = 0
+                    buf[:(m1 - full_end) * kc] = xflat[full_end * kc:m1 * kc]
+            else:
+                for m in range(m0, m1):
+                    pos = (m - m0) * lda
+                    _gather_u8(x, m, g, cg, geo, xzp ^ flip, buf, pos)
+                    for k in range(kc, lda):
+                        buf[np.uintp(pos + k)] = 0
+                    rows[m - m0] = _flip_and_sum(buf, pos, kc, flip, need_sum)
             for b in range(nb):
                 ncol = min(NR, og - b * NR)
                 b_base = (g * nb + b) * kc4 * NR * 4
                 for half in range(2 if ncol > 32 else 1):
                     for rb in range(m0, m1, 32):
-                        amx_32x32(buf, (rb - m0) * lda, lda, wp, b_base + half * 128,
-                                  kc4 // 16, ctile, (rb - m0) * NR + half * 32)
+                        if not direct:
+                            amx_32x32(buf, (rb - m0) * lda, lda, wp, b_base + half * 128,
+                                      kc4 // 16, ctile, (rb - m0) * NR + half * 32)
+                        elif rb < full_end:
+                            amx_32x32(xflat, rb * kc, kc, wp, b_base + half * 128,
+                                      kc4 // 16, ctile, (rb - m0) * NR + half * 32)
+                        else:
+                            amx_32x32(buf, 0, kc, wp, b_base + half * 128,
+                                      kc4 // 16, ctile, (rb - m0) * NR + half * 32)
                 for rb in range(m0, m1, MR):
                     _store_tile(ctile[(rb - m0) * NR:], min(MR, m1 - rb), ncol, rb,
                                 g * og + b * NR, rows, rb - m0, wzp, col_term, mode, mult,
