@@ -17,6 +17,8 @@ the sum is exact modulo 2**32.
 
 from __future__ import annotations
 
+from typing import Any
+
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -37,7 +39,7 @@ def _vec_ptr(builder: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
     return builder.bitcast(ptr, _V16.as_pointer())
 
 
-def _make_ukernel(mr_rows: int, nvec: int):  # noqa: ANN202 - returns a numba intrinsic
+def _make_ukernel(mr_rows: int, nvec: int) -> Any:
     """A micro-kernel of ``mr_rows`` rows x ``16 * nvec`` columns (see the module doc;
     ``c`` keeps rows of 64 int32 whatever the width)."""
 

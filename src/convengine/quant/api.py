@@ -179,8 +179,17 @@ class Plan:
 _plans: OrderedDict[Any, Plan] = OrderedDict()
 
 
+_SIMPLE = (int, float, str, bool, type(None), np.dtype)
+
+
 def _key(value: Any) -> Any:
-    """A hashable stand-in for an argument (arrays by dtype, shape and bytes)."""
+    """A hashable stand-in for an argument (arrays by dtype, shape and bytes), typed so
+    that e.g. ``True`` and ``1`` stay apart."""
+    kind = type(value)
+    if kind in _SIMPLE:
+        return (kind, value)
+    if kind is tuple and all(type(v) is int for v in value):
+        return value  # a shape
     if isinstance(value, np.ndarray):
         return ("ndarray", value.dtype.str, value.shape, value.tobytes())
     if isinstance(value, (list, tuple)):
