@@ -8,6 +8,7 @@ mode (``convengine.set_tuning``) ``auto`` first asks the tuner (``tune/``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from . import registry
@@ -40,14 +41,18 @@ def _preference(problem: ConvProblem) -> list[str]:
 def _suits(problem: ConvProblem, algo: Algorithm) -> bool:
     """Speed and accuracy rules on top of ``supports``: float64 callers get exact
     algorithms only; inexact ones (Winograd) and per-tap GEMMs (flat_gemm,
-    implicit_gemm) only from 16 channels; flat_gemm's forward wastes ``stride``x work on
-    strided layers."""
+    implicit_gemm) only from 16 channels; F(4x4,3x3) from 32 tiles; flat_gemm's forward
+    wastes ``stride``x work on strided layers."""
     if not algo.exact and problem.dtype == "float64":
         return False
     if algo.name in ("flat_gemm", "implicit_gemm") and problem.in_channels < 16:
         return False
     if not algo.exact and min(problem.in_channels, problem.out_channels) < 16:
         return False  # Winograd's saving is in the GEMM; thin layers pay only transforms
+    if algo.name == "winograd4":  # under 32 tiles of 4x4, F(2x2)'s smaller U wins
+        sizes = problem.in_size if problem.pass_ == "backward_data" else problem.out_size
+        if problem.batch * math.prod(-(-n // 4) for n in sizes) < 32:
+            return False
     strided = any(s > 1 for s in problem.stride)
     return not (algo.name == "flat_gemm" and strided and problem.pass_ == "forward")
 

@@ -409,7 +409,7 @@ def direct_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray
     y5 = _as3d(y, problem.ndim)
     if _depthwise2d(problem):
         wk = _channel_weight(problem, w)[0]
-        kernel = depthwise2d_kernel(*wk.shape[:2], geo[2], *geo[7:9])
+        kernel = depthwise2d_kernel(wk.shape[0], wk.shape[1], geo[2], geo[7], geo[8])
         kernel(x5[:, 0], wk, y5[:, 0], *geo[1:3], *geo[4:6], *geo[7:9])
     elif problem.in_per_group == 1:
         direct_fwd_channel(x5, _channel_weight(problem, w), y5, *geo)
@@ -434,7 +434,7 @@ def direct_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.n
         # stride 1: the forward depthwise conv of dy with the flipped kernel
         wk = np.ascontiguousarray(_channel_weight(problem, w)[0, ::-1, ::-1])
         pad = [e - 1 - lo for e, lo in zip(extents, lows)]
-        kernel = depthwise2d_kernel(*wk.shape[:2], 1, *geo[7:9])
+        kernel = depthwise2d_kernel(wk.shape[0], wk.shape[1], 1, geo[7], geo[8])
         kernel(dy5[:, 0], wk, dx5[:, 0], 1, 1, pad[1], pad[2], *geo[7:9])
     elif problem.in_per_group == 1:
         direct_bwd_data_channel(dy5, _channel_weight(problem, w), dx5, *geo)
