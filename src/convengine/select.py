@@ -20,7 +20,7 @@ from .tune import tuner
 # Preference of the heuristic, best first; names not registered are skipped and
 # registered names missing here come just before "reference".
 PREFERENCE = (
-    "1x1", "winograd4", "winograd", "flat_gemm", "implicit_gemm", "im2col", "direct", "reference"
+    "1x1", "winograd4", "winograd", "implicit_gemm", "im2col", "flat_gemm", "direct", "reference"
 )
 DEPTHWISE_PREFERENCE = ("direct", "im2col", "reference")
 
@@ -40,12 +40,11 @@ def _preference(problem: ConvProblem) -> list[str]:
 
 def _suits(problem: ConvProblem, algo: Algorithm) -> bool:
     """Speed and accuracy rules on top of ``supports``: float64 callers get exact
-    algorithms only; inexact ones (Winograd) and per-tap GEMMs (flat_gemm,
-    implicit_gemm) only from 16 channels; F(4x4,3x3) from 32 tiles; flat_gemm's forward
-    wastes ``stride``x work on strided layers."""
+    algorithms only; inexact ones (Winograd) and implicit_gemm's per-tap GEMMs only
+    from 16 channels; F(4x4,3x3) from 32 tiles."""
     if not algo.exact and problem.dtype == "float64":
         return False
-    if algo.name in ("flat_gemm", "implicit_gemm") and problem.in_channels < 16:
+    if algo.name == "implicit_gemm" and problem.in_channels < 16:
         return False
     if not algo.exact and min(problem.in_channels, problem.out_channels) < 16:
         return False  # Winograd's saving is in the GEMM; thin layers pay only transforms
@@ -53,8 +52,7 @@ def _suits(problem: ConvProblem, algo: Algorithm) -> bool:
         sizes = problem.in_size if problem.pass_ == "backward_data" else problem.out_size
         if problem.batch * math.prod(-(-n // 4) for n in sizes) < 32:
             return False
-    strided = any(s > 1 for s in problem.stride)
-    return not (algo.name == "flat_gemm" and strided and problem.pass_ == "forward")
+    return True
 
 
 def heuristic(problem: ConvProblem) -> Algorithm:

@@ -147,7 +147,9 @@ def flat_gemm_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray) ->
     dyv = np.zeros((problem.batch, *grid.virtual, problem.out_channels), dy.dtype)
     dyv[grid.real(problem)] = dy
     dyv = dyv.reshape(rows, problem.out_channels)
-    taps, chunk = len(grid.offsets), _chunk(problem)
+    # rows per GEMM: enough that the per-tap (O, C) updates stay small beside the GEMMs
+    taps = len(grid.offsets)
+    chunk = max(_chunk(problem), 4 * max(problem.in_channels, problem.out_channels))
     chunks = -(-rows // chunk)
     parts = min(get_num_threads(), chunks)
     dw = np.zeros((parts, taps, problem.out_channels, problem.in_channels), dy.dtype)
