@@ -8,7 +8,6 @@ mode (``convengine.set_tuning``) ``auto`` first asks the tuner (``tune/``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from . import registry
@@ -41,17 +40,13 @@ def _preference(problem: ConvProblem) -> list[str]:
 def _suits(problem: ConvProblem, algo: Algorithm) -> bool:
     """Speed and accuracy rules on top of ``supports``: float64 callers get exact
     algorithms only; inexact ones (Winograd) and implicit_gemm's per-tap GEMMs only
-    from 16 channels; F(4x4,3x3) from 32 tiles."""
+    from 16 channels."""
     if not algo.exact and problem.dtype == "float64":
         return False
     if algo.name == "implicit_gemm" and problem.in_channels < 16:
         return False
     if not algo.exact and min(problem.in_channels, problem.out_channels) < 16:
         return False  # Winograd's saving is in the GEMM; thin layers pay only transforms
-    if algo.name == "winograd4":  # under 32 tiles of 4x4, F(2x2)'s smaller U wins
-        sizes = problem.in_size if problem.pass_ == "backward_data" else problem.out_size
-        if problem.batch * math.prod(-(-n // 4) for n in sizes) < 32:
-            return False
     return True
 
 
