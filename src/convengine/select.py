@@ -19,7 +19,7 @@ from .tune import tuner
 # Preference of the heuristic, best first; names not registered are skipped and
 # registered names missing here come just before "reference".
 PREFERENCE = (
-    "1x1", "winograd4", "winograd", "implicit_gemm", "im2col", "flat_gemm", "direct", "reference"
+    "1x1", "winograd4", "winograd", "im2col", "implicit_gemm", "flat_gemm", "direct", "reference"
 )
 DEPTHWISE_PREFERENCE = ("direct", "im2col", "reference")
 
