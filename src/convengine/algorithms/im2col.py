@@ -116,6 +116,11 @@ def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return buffer[:nbytes].view(dtype).reshape(shape)
 
 
+def release_workspace() -> None:
+    """Free this thread's column buffer (the next call allocates it again)."""
+    _SCRATCH.buffer = None
+
+
 def _as3d(values: tuple[int, ...], fill: int) -> tuple[int, ...]:
     """Spatial values as 3-D: dim 0 stays first (tiles cut it), the last stays last
     (contiguous runs), singleton ``fill`` in between."""
