@@ -256,10 +256,19 @@ def conv_transpose(
 # ------------------------------------------------------------------ modules
 
 
-class _ConvMixin:
-    """``_conv_forward`` of nn.Conv1d/2d/3d, routed to :func:`conv`."""
+class _AlgoChoice:
+    """The modules' extra constructor argument: ``algo`` ("auto" by default), the
+    convengine algorithm every call uses; the rest goes to the nn module."""
 
-    algo: str = "auto"
+    algo: str = "auto"  # also for modules converted in place by replace_convs
+
+    def __init__(self, *args: Any, algo: str = "auto", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.algo = algo
+
+
+class _ConvMixin(_AlgoChoice):
+    """``_conv_forward`` of nn.Conv1d/2d/3d, routed to :func:`conv`."""
 
     def _conv_forward(
         self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
@@ -280,31 +289,17 @@ class Conv1d(_ConvMixin, nn.Conv1d):
     """``nn.Conv1d`` (same constructor and state_dict) computed by convengine;
     ``algo`` picks the algorithm ("auto" by default)."""
 
-    def __init__(self, *args: Any, algo: str = "auto", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.algo = algo
-
 
 class Conv2d(_ConvMixin, nn.Conv2d):
     """``nn.Conv2d`` (same constructor and state_dict) computed by convengine."""
-
-    def __init__(self, *args: Any, algo: str = "auto", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.algo = algo
 
 
 class Conv3d(_ConvMixin, nn.Conv3d):
     """``nn.Conv3d`` (same constructor and state_dict) computed by convengine."""
 
-    def __init__(self, *args: Any, algo: str = "auto", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.algo = algo
 
-
-class _ConvTransposeMixin:
+class _ConvTransposeMixin(_AlgoChoice):
     """``forward`` of nn.ConvTranspose1d/2d/3d, routed to :func:`conv_transpose`."""
-
-    algo: str = "auto"
 
     def forward(self, input: torch.Tensor, output_size: Sequence[int] | None = None
                 ) -> torch.Tensor:
@@ -328,25 +323,13 @@ class _ConvTransposeMixin:
 class ConvTranspose1d(_ConvTransposeMixin, nn.ConvTranspose1d):
     """``nn.ConvTranspose1d`` (same constructor and state_dict) computed by convengine."""
 
-    def __init__(self, *args: Any, algo: str = "auto", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.algo = algo
-
 
 class ConvTranspose2d(_ConvTransposeMixin, nn.ConvTranspose2d):
     """``nn.ConvTranspose2d`` (same constructor and state_dict) computed by convengine."""
 
-    def __init__(self, *args: Any, algo: str = "auto", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.algo = algo
-
 
 class ConvTranspose3d(_ConvTransposeMixin, nn.ConvTranspose3d):
     """``nn.ConvTranspose3d`` (same constructor and state_dict) computed by convengine."""
-
-    def __init__(self, *args: Any, algo: str = "auto", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.algo = algo
 
 
 _REPLACEMENTS: dict[type[nn.Module], type[nn.Module]] = {
