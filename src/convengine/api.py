@@ -19,10 +19,12 @@ from .problem import (
     ConvProblem,
     as_array,
     check_float_dtypes,
+    check_layout,
     check_shape,
     make_problem,
     normalize_padding,
     spatial_tuple,
+    split_shape,
     to_int,
     transpose_output_size,
 )
@@ -128,10 +130,9 @@ def transpose_problem(
     if x.ndim not in (3, 4, 5) or w.ndim != x.ndim:
         # make_problem phrases rank errors; feed it the shapes as they are
         make_problem("forward", x.shape, w.shape, dtype=dtype, layout=layout)
-    ndim = x.ndim - 2
-    nchw = str(layout).upper() == "NCHW"
-    in_size = tuple(x.shape[2:]) if nchw else tuple(x.shape[1:-1])
-    kernel = tuple(w.shape[2:]) if nchw else tuple(w.shape[1:-1])
+    ndim, layout = x.ndim - 2, check_layout(layout)
+    _, _, in_size = split_shape(x.shape, layout)
+    _, w_channels, kernel = split_shape(w.shape, layout)
     stride_t = spatial_tuple(stride, ndim, "stride", 1)
     dilation_t = spatial_tuple(dilation, ndim, "dilation", 1)
     out_pad = spatial_tuple(output_padding, ndim, "output_padding", 0)
@@ -157,7 +158,8 @@ def transpose_problem(
     groups = to_int(groups, "groups")
     if groups < 1:
         raise ConvSetupError(f"groups must be >= 1, got {groups}")
-    channels = w.shape[1 if nchw else -1] * groups
+    channels = w_channels * groups
+    nchw = layout == "NCHW"
     fwd_x = (x.shape[0], channels, *out_size) if nchw else (x.shape[0], *out_size, channels)
     problem = make_problem(
         "backward_data", fwd_x, w.shape, dtype=dtype, stride=stride_t, padding=pads,

@@ -313,7 +313,7 @@ def output_size(
     return tuple(out)
 
 
-def _check_layout(layout: Any) -> str:
+def check_layout(layout: Any) -> str:
     if not isinstance(layout, str) or layout.upper() not in LAYOUTS:
         raise ConvSetupError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
     return layout.upper()
@@ -328,7 +328,7 @@ def _check_rank(shape: tuple[int, ...], name: str) -> int:
     return len(shape) - 2
 
 
-def _split(shape: tuple[int, ...], layout: str) -> tuple[int, int, tuple[int, ...]]:
+def split_shape(shape: tuple[int, ...], layout: str) -> tuple[int, int, tuple[int, ...]]:
     """(lead, channels, spatial) of an activation or weight shape in a layout."""
     if layout == "NCHW":
         return shape[0], shape[1], tuple(shape[2:])
@@ -353,7 +353,7 @@ def make_problem(
     """Validate the forward shapes (x, w) and build the problem for one pass."""
     if pass_ not in PASSES:
         raise ConvSetupError(f"unknown pass {pass_!r}; expected one of {PASSES}")
-    layout = _check_layout(layout)
+    layout = check_layout(layout)
     x_shape, w_shape = tuple(int(v) for v in x_shape), tuple(int(v) for v in w_shape)
     ndim = _check_rank(x_shape, x_name)
     if len(w_shape) != len(x_shape):
@@ -364,8 +364,8 @@ def make_problem(
     groups = to_int(groups, "groups")
     if groups < 1:
         raise ConvSetupError(f"groups must be >= 1, got {groups}")
-    batch, channels, in_size = _split(x_shape, layout)
-    out_channels, w_channels, kernel = _split(w_shape, layout)
+    batch, channels, in_size = split_shape(x_shape, layout)
+    out_channels, w_channels, kernel = split_shape(w_shape, layout)
     if batch < 0 or channels < 1 or out_channels < 1 or min(in_size + kernel) < 1:
         raise ConvSetupError(
             f"empty dims: {x_name} shape {x_shape} and {w_name} shape {w_shape} need "
