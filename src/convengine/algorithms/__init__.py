@@ -1,6 +1,7 @@
 """The algorithms; importing this package registers every one of them."""
 
 from . import (  # noqa: F401
+    blocked,
     direct,
     flat_gemm,
     im2col,

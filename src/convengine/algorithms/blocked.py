@@ -1,0 +1,217 @@
+"""``blocked``: direct convolution with a register-blocked AVX-512 micro-kernel (fp32).
+
+The conv with the fewest moving parts that still runs near the FMA peak: x is
+zero-padded once (channels-last), the weights are packed as ``(O / NR, *K, C, NR)``,
+and a micro-kernel computes ``MR`` adjacent output pixels of one row times ``NR``
+output channels with every accumulator in a zmm register, walking the reduction
+(kernel rows x kernel columns x input channels) straight through the padded input:
+no column matrix, no transforms. It suits layers whose reduction is short or whose
+im2col GEMM is thin, above all the 3-channel stems (7x7 and 3x3 stride 2).
+
+Serves forward, float32, dense (groups 1), 1-D and 2-D, output channels a multiple
+of 16. The micro-kernel spells out ``<16 x float>`` FMAs (``llvm.fma.v16f32``):
+LLVM's own choice for this CPU would be 256-bit vectors.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..problem import ConvProblem
+from ..registry import register
+
+MR = 6  # output pixels per micro-tile (a row segment)
+VEC = 16  # float32 lanes of a zmm register
+_F32 = ir.FloatType()
+_VF = ir.VectorType(_F32, VEC)
+
+
+def _make_ukernel(mr_rows: int, nvec: int) -> Any:
+    """Micro-kernel of ``mr_rows`` output pixels x ``16 * nvec`` output channels:
+
+    ``ukernel(x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys)`` sets, for
+    pixels ``r < mr`` and lanes ``j < 16 * nvec``,
+    ``y[y_off + r * ys + j] = sum_{a<kh, b<kw, k<c} x[x_off + r*ps + a*hs + b*ws + k]
+    * w[w_off + ((a * kw + b) * c + k) * 16 * nvec + j]``.
+    Pixels ``r >= mr`` recompute pixel ``mr - 1`` and are not stored.
+    """
+    nr = VEC * nvec
+
+    def ukernel(typingctx, x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys):
+        i = types.intp
+        sig = types.void(x, i, i, i, i, i, i, i, w, i, i, y, i, i)
+
+        def codegen(context, builder, signature, args):
+            x_arr = context.make_array(signature.args[0])(context, builder, args[0])
+            w_arr = context.make_array(signature.args[8])(context, builder, args[8])
+            y_arr = context.make_array(signature.args[11])(context, builder, args[11])
+            (_, x_off_v, ps_v, hs_v, ws_v, kh_v, kw_v, c_v, _, w_off_v, mr_v, _,
+             y_off_v, ys_v) = args
+            intp = x_off_v.type
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]), "llvm.fma.v16f32")
+            last = builder.sub(mr_v, ir.Constant(intp, 1))
+            x0 = builder.gep(x_arr.data, [x_off_v])
+            rows = []
+            for r in range(mr_rows):
+                rr = ir.Constant(intp, r)
+                use = builder.select(builder.icmp_signed("<", rr, mr_v), rr, last)
+                rows.append(builder.gep(x0, [builder.mul(use, ps_v)]))
+            accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VF, None))
+                     for _ in range(nvec)] for _ in range(mr_rows)]
+            w_pos = cgutils.alloca_once_value(builder, builder.gep(w_arr.data, [w_off_v]))
+            undef = ir.Constant(_VF, ir.Undefined)
+            zeros = ir.Constant(ir.VectorType(ir.IntType(32), VEC), None)
+            with cgutils.for_range(builder, kh_v) as a_loop:
+                off_a = builder.mul(a_loop.index, hs_v)
+                with cgutils.for_range(builder, kw_v) as b_loop:
+                    off_ab = builder.add(off_a, builder.mul(b_loop.index, ws_v))
+                    with cgutils.for_range(builder, c_v) as k_loop:
+                        off = builder.add(off_ab, k_loop.index)
+                        wp = builder.load(w_pos)
+                        wv = [builder.load(builder.bitcast(
+                            builder.gep(wp, [ir.Constant(intp, VEC * j)]), _VF.as_pointer()),
+                            align=4) for j in range(nvec)]
+                        builder.store(builder.gep(wp, [ir.Constant(intp, nr)]), w_pos)
+                        for r in range(mr_rows):
+                            xs = builder.load(builder.gep(rows[r], [off]))
+                            xv = builder.shuffle_vector(
+                                builder.insert_element(undef, xs, ir.Constant(ir.IntType(32), 0)),
+                                undef, zeros)
+                            for j in range(nvec):
+                                acc = accs[r][j]
+                                builder.store(builder.call(fma, [xv, wv[j], builder.load(acc)]), acc)
+            y0 = builder.gep(y_arr.data, [y_off_v])
+            for r in range(mr_rows):
+                inside = builder.icmp_signed("<", ir.Constant(intp, r), mr_v)
+                with builder.if_then(inside, likely=True):
+                    yr = builder.gep(y0, [builder.mul(ir.Constant(intp, r), ys_v)])
+                    for j in range(nvec):
+                        dst = builder.bitcast(builder.gep(yr, [ir.Constant(intp, VEC * j)]),
+                                              _VF.as_pointer())
+                        builder.store(builder.load(accs[r][j]), dst, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    ukernel.__name__ = f"ukernel_{mr_rows}x{nr}"
+    return intrinsic(ukernel)
+
+
+@cache
+def _driver(nvec: int) -> Any:
+    """The compiled forward for ``NR = 16 * nvec`` output channels per micro-tile:
+    ``run(xp (N,Hp,Wp,C), wp (O/NR,KH,KW,C,NR), y (N,OH,OW,O), sh, sw, dh, dw)``."""
+    mr = MR * 4 // nvec  # 24 accumulators whatever NR is
+    ukernel = _make_ukernel(mr, nvec)
+    nr = VEC * nvec
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def run(xp, wp, y, sh, sw, dh, dw):  # noqa: PLR0913
+        n_, hp, wpx, c_ = xp.shape
+        blocks, kh_, kw_ = wp.shape[0], wp.shape[1], wp.shape[2]
+        _, oh_, ow_, o_ = y.shape
+        xf, wf, yf = xp.reshape(-1), wp.reshape(-1), y.reshape(-1)
+        segments = (ow_ + mr - 1) // mr
+        wblock = kh_ * kw_ * c_ * nr
+        # unit column dilation: a kernel row's taps are one contiguous run of kw * c
+        taps, run_len = (1, kw_ * c_) if dw == 1 else (kw_, c_)
+        for t in prange(n_ * oh_ * blocks):
+            n, oh, ob = t // (oh_ * blocks), (t // blocks) % oh_, t % blocks
+            for s in range(segments):
+                ow0 = s * mr
+                x_off = ((n * hp + oh * sh) * wpx + ow0 * sw) * c_
+                y_off = ((n * oh_ + oh) * ow_ + ow0) * o_ + ob * nr
+                ukernel(xf, x_off, sw * c_, dh * wpx * c_, dw * c_, kh_, taps, run_len,
+                        wf, ob * wblock, min(mr, ow_ - ow0), yf, y_off, o_)
+
+    return run
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _pad_rows(x, xp, top, left):
+    """Copy x (N,H,W,C) into xp (N,Hp,Wp,C) at offset (top, left), zeroing the rest."""
+    n_, h_, w_, _ = x.shape
+    _, hp, wp, _ = xp.shape
+    for t in prange(n_ * hp):
+        n, i = t // hp, t % hp
+        row = xp[n, i]
+        if i < top or i >= top + h_:
+            row[:] = 0
+            continue
+        row[:left] = 0
+        row[left:left + w_] = x[n, i - top]
+        row[left + w_:] = 0
+
+
+def padded_input(x: np.ndarray, problem: ConvProblem) -> np.ndarray:
+    """x (N, *S, C) zero-padded as the problem says, as (N, Hp, Wp, C) (a view if unpadded)."""
+    x4 = _as2d(x, problem.ndim)
+    if all(p == (0, 0) for p in problem.padding):
+        return x4
+    pads = ((0, 0),) * (2 - problem.ndim) + problem.padding
+    (top, bottom), (left, right) = pads
+    n, h, w, c = x4.shape
+    xp = np.empty((n, h + top + bottom, w + left + right, c), x.dtype)
+    _pad_rows(x4, xp, top, left)
+    return xp
+
+
+def _nvec(out_channels: int) -> int:
+    """Vectors per micro-tile: 4 (64 channels) when O allows it, else 2 or 1."""
+    return next(v for v in (4, 2, 1) if out_channels % (VEC * v) == 0)
+
+
+def _supports(problem: ConvProblem) -> str | None:
+    if problem.compute_dtype != np.float32:
+        return f"float32 only (compute dtype {problem.compute_dtype})"
+    if problem.groups != 1:
+        return f"dense convs only (groups={problem.groups})"
+    if problem.ndim > 2:
+        return f"1-D and 2-D only (got {problem.ndim}-D)"
+    if problem.out_channels % VEC:
+        return f"output channels must be a multiple of {VEC} (got {problem.out_channels})"
+    return None
+
+
+def _as2d(a: np.ndarray, ndim: int) -> np.ndarray:
+    """(N, *S, C) with 1 or 2 spatial dims -> (N, H, W, C) view."""
+    return a.reshape(a.shape[0], *(1,) * (2 - ndim), *a.shape[1:])
+
+
+def pack_weight(w: np.ndarray, ndim: int, nr: int) -> np.ndarray:
+    """w (O, *K, C) -> (O / nr, KH, KW, C, nr), contiguous."""
+    w4 = _as2d(w, ndim)
+    o, kh, kw, c = w4.shape
+    return np.ascontiguousarray(w4.reshape(o // nr, nr, kh, kw, c).transpose(0, 2, 3, 4, 1))
+
+
+def _workspace(problem: ConvProblem) -> int:
+    """The padded copy of x (none when unpadded) plus the packed weights."""
+    padded = 0
+    if any(p != (0, 0) for p in problem.padding):
+        sizes = [n + lo + hi for n, (lo, hi) in zip(problem.in_size, problem.padding)]
+        padded = problem.batch * math.prod(sizes) * problem.in_channels
+    weights = problem.out_channels * math.prod(problem.kernel) * problem.in_channels
+    return 4 * (padded + weights)
+
+
+@register("blocked", "forward", supports=_supports, workspace_bytes=_workspace, accuracy=2)
+def blocked_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    nvec = _nvec(problem.out_channels)
+    xp = padded_input(x, problem)
+    wp = pack_weight(w, problem.ndim, VEC * nvec)
+    y = np.empty(problem.y_shape("NHWC"), np.float32)
+    lead = 2 - problem.ndim
+    sh, sw = (1,) * lead + problem.stride
+    dh, dw = (1,) * lead + problem.dilation
+    _driver(nvec)(xp, wp, _as2d(y, problem.ndim), sh, sw, dh, dw)
+    return y

@@ -1,0 +1,76 @@
+"""The ``blocked`` micro-kernel conv against the float64 reference and PyTorch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import convengine as ce
+from convengine.algorithms import blocked
+from oracle import assert_close, random, reference
+
+# (id, x shape NHWC, w shape OHWI, conv args): stems, widths that are not a multiple
+# of the micro-tile, every NR width (16, 32, 48 -> 16, 64, 128), dilations that
+# break the contiguous-row shortcut, asymmetric padding, 1-D.
+CASES = [
+    ("resnet-stem", (2, 29, 31, 3), (64, 7, 7, 3), dict(stride=2, padding=3)),
+    ("mobilenet-stem", (1, 33, 30, 3), (32, 3, 3, 3), dict(stride=2, padding=1)),
+    ("o48-width-tail", (2, 7, 13, 5), (48, 3, 3, 5), dict(padding=1)),
+    ("o128-two-blocks", (1, 6, 8, 20), (128, 3, 3, 20), dict(padding=1)),
+    ("o16-col-dilation", (2, 9, 14, 4), (16, 3, 3, 4), dict(padding=(1, 2), dilation=(1, 2))),
+    ("asym-pad-row-dilation", (1, 10, 9, 3), (32, 3, 2, 3),
+     dict(stride=(1, 2), padding=((2, 0), (0, 1)), dilation=(2, 1))),
+    ("unpadded-1x1", (3, 5, 5, 16), (16, 1, 1, 16), {}),
+    ("1d", (2, 37, 3), (64, 5, 3), dict(stride=2, padding=2)),
+    ("output-one-pixel", (1, 4, 4, 2), (16, 4, 4, 2), {}),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_matches_reference(x_shape, w_shape, kw, dtype):
+    rng = np.random.default_rng(7)
+    x, w = random(rng, x_shape, dtype), random(rng, w_shape, dtype)
+    got = ce.conv(x, w, layout="NHWC", algo="blocked", **kw)
+    assert got.dtype == x.dtype
+    assert_close(got, reference("forward", x, w, layout="NHWC", **kw), dtype, "blocked")
+
+
+def test_matches_torch_on_the_resnet_stem():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 64, 64), dtype=np.float32)
+    w = rng.standard_normal((64, 3, 7, 7), dtype=np.float32)
+    got = ce.conv(x, w, stride=2, padding=3, algo="blocked")
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), stride=2, padding=3)
+    ref = ref.numpy()
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5 * float(np.abs(ref).max()))
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw", "reason"), [
+    ((1, 8, 8, 4), (24, 3, 3, 4), {}, "multiple of 16"),
+    ((1, 8, 8, 4), (16, 3, 3, 2), dict(groups=2), "groups=2"),
+    ((1, 4, 4, 4, 4), (16, 3, 3, 3, 4), dict(padding=1), "2-D only"),
+])
+def test_refuses_what_it_cannot_serve(x_shape, w_shape, kw, reason):
+    x, w = np.ones(x_shape, np.float32), np.ones(w_shape, np.float32)
+    with pytest.raises(ce.ConvSetupError, match=reason):
+        ce.conv(x, w, layout="NHWC", algo="blocked", **kw)
+    with pytest.raises(ce.ConvSetupError, match="float32 only"):
+        ce.conv(np.ones((1, 8, 8, 4)), np.ones((16, 3, 3, 4)), layout="NHWC", algo="blocked")
+
+
+def test_padded_input_places_x_and_zeros_the_border():
+    x = np.arange(2 * 3 * 4 * 2, dtype=np.float32).reshape(2, 3, 4, 2) + 1
+    w = np.zeros((16, 3, 3, 2), np.float32)
+    problem = ce.explain(x, w, padding=((1, 2), (3, 0)), layout="NHWC").problem
+    xp = blocked.padded_input(x, problem)
+    expected = np.pad(x, ((0, 0), (1, 2), (3, 0), (0, 0)))
+    np.testing.assert_array_equal(xp, expected)
+
+
+def test_stems_choose_blocked():
+    x = np.zeros((1, 224, 224, 3), np.float32)
+    assert ce.explain(x, np.zeros((64, 7, 7, 3), np.float32), stride=2, padding=3,
+                      layout="NHWC").chosen == "blocked"
