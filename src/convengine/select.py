@@ -25,6 +25,10 @@ PREFERENCE = (
 # ``blocked`` leads where the im2col GEMM would be thin: fewer input channels than this
 # (the 3-channel stems: 2-4x im2col's speed there, measured 2026-11-29)
 BLOCKED_MAX_CHANNELS = 16
+# Winograd only on outputs at least this long in every spatial dim: ResNet-50's 14x14
+# and 7x7 layers waste up to 30% of F(4x4) tiles on padding and give the Winograd-
+# domain GEMMs too few rows; im2col ran 1.2-3.7x faster there (2026-11-29).
+WINOGRAD_MIN_OUTPUT = 16
 DEPTHWISE_PREFERENCE = ("direct", "im2col", "reference")
 
 
@@ -44,7 +48,8 @@ def _preference(problem: ConvProblem) -> list[str]:
 def _suits(problem: ConvProblem, algo: Algorithm) -> bool:
     """Speed and accuracy rules on top of ``supports``: float64 callers get exact
     algorithms only; inexact ones (Winograd) and implicit_gemm's per-tap GEMMs only
-    from 16 channels; ``blocked`` only below ``BLOCKED_MAX_CHANNELS``."""
+    from 16 channels, Winograd only on outputs of ``WINOGRAD_MIN_OUTPUT`` or more per
+    dim; ``blocked`` only below ``BLOCKED_MAX_CHANNELS`` input channels."""
     if not algo.exact and problem.dtype == "float64":
         return False
     if algo.name == "implicit_gemm" and problem.in_channels < 16:
@@ -53,6 +58,8 @@ def _suits(problem: ConvProblem, algo: Algorithm) -> bool:
         return False
     if not algo.exact and min(problem.in_channels, problem.out_channels) < 16:
         return False  # Winograd's saving is in the GEMM; thin layers pay only transforms
+    if not algo.exact and min(problem.out_size) < WINOGRAD_MIN_OUTPUT:
+        return False
     return True
 
 
