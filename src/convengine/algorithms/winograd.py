@@ -30,13 +30,14 @@ from collections import OrderedDict
 from typing import Any
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from .. import registry
 from ..problem import ConvProblem
 from ..registry import register
-from ..threads import get_num_threads, run_parallel, single_threaded_blas
+from ..threads import get_num_threads
 from ._finite import nonfinite
+from ._fma import MR, gemm_6xnr, nr
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_weight
 from .direct import NOALIAS
 
@@ -58,8 +59,8 @@ MATRICES = {
 IDENTITY = ([[1.0]], [[1.0]], [[1.0]])  # the height transform of a 1-D problem
 
 CACHE_BYTES = 256 * 2**20  # bound on the cached weight transforms (and weight copies)
-CHUNK_BYTES = 2**20  # V + M of one chunk of tiles (one chunk per thread at a time)
-MIN_TILES = 32  # fewer tiles per chunk: the GEMM streams U from memory; more: workspace
+BLOCK_BYTES = 2**20  # transformed tiles + products of one block (per thread, in L2)
+SPLIT_K_TILES = 24  # fewer tiles per thread: threads split the output channels instead
 
 
 def multiplies(problem: ConvProblem, m: int) -> int:
@@ -102,102 +103,130 @@ def _combination(coefs: np.ndarray, names: list[str]) -> str:
     return text[2:] if text.startswith("+ ") else text
 
 
-def _sandwich_source(name: str, left: np.ndarray, right: np.ndarray) -> str:
-    """Source of ``name(src, tmp, dst)``: dst[i * q + j, c] = (left @ S @ right^T)[i, j]
-    for S = src[a, b, c] (a 3-D view), coefficients as literals. One short loop over
-    channels per column (into tmp) and per row (into dst): LLVM vectorises each, which
-    it does not for one loop holding the whole tile."""
+def _sandwich_source(name: str, args: str, left: np.ndarray, right: np.ndarray,
+                     src: str, dst: str, width: str) -> str:
+    """Source of ``name(args)``: ``dst(i, j)[c] = (left @ S[c] @ right^T)[i, j]`` for
+    ``c < width`` with ``S[c][k, j] = src(k, j)[c]``, coefficients as literals.
+    ``src``/``dst`` are index templates over ``{k}``/``{i}`` (tile row), ``{j}``
+    (column) and ``{kj}``/``{ij}`` (row-major position). One short loop over channels
+    per column (into ``tmp``) and per row (into dst): LLVM vectorises each, which it
+    does not for one loop holding the whole tile."""
     (p, a), (q, b) = left.shape, right.shape
-    lines = [f"def {name}(src, tmp, dst):"]
+    lines = [f"def {name}({args}):"]
     for j in range(b):  # tmp[:, j] = left @ S[:, j]
-        lines.append("    for c in range(src.shape[2]):")
-        lines += [f"        s{k} = src[{k}, {j}, c]" for k in range(a)]
+        lines.append(f"    for c in range({width}):")
+        lines += [f"        s{k} = " + src.format(k=k, j=j, kj=k * b + j) for k in range(a)]
         for i in range(p):
             expr = _combination(left[i], [f"s{k}" for k in range(a)])
             lines.append(f"        tmp[{i * b + j}, c] = {expr}")
     for i in range(p):  # dst[i, :] = tmp[i, :] @ right^T
-        lines.append("    for c in range(src.shape[2]):")
+        lines.append(f"    for c in range({width}):")
         lines += [f"        t{k} = tmp[{i * b + k}, c]" for k in range(b)]
         for j in range(q):
             expr = _combination(right[j], [f"t{k}" for k in range(b)])
-            lines.append(f"        dst[{i * q + j}, c] = {expr}")
+            lines.append("        " + dst.format(i=i, j=j, ij=i * q + j) + f" = {expr}")
     return "\n".join(lines) + "\n"
 
 
-_STAGES: dict[tuple[int, int, str], tuple[Any, Any]] = {}
+_KERNELS: dict[tuple[int, int, str], Any] = {}
 
 
-def stages(ndim: int, m: int, dtype: np.dtype) -> tuple[Any, Any]:
-    """The compiled (input, output) stages of F(m, 3) in ``ndim`` dims, generated once:
+def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
+    """The compiled fused F(m, 3) kernel in ``ndim`` dims, generated once:
 
-    - ``input(x (N,H,W,C), v (b, ah*aw, C), t0, tiles_h, tiles_w, pad_h, pad_w)``;
-    - ``output(m (b, ah*aw, O), y (N,OH,OW,O), t0, tiles_h, tiles_w)``.
+    ``fused(x (N,H,W,C), up (K/NR, alpha^2, C, NR), y (N,OH,OW,O), pad_h, pad_w,
+    tiles_h, tiles_w, block, parts_k, v (P, alpha^2, block, C), prod (P, alpha^2,
+    block, NR), check (P, NR))``.
 
-    Interior tiles are transformed straight from x; tiles meeting the padding or the
-    far edges from a zero-padded copy, and their outputs are cropped."""
+    Part ``p < P`` (one per thread) takes an equal share of the tiles (of ``P //
+    parts_k`` shares) and of the ``NR``-wide output-channel blocks (of ``parts_k``).
+    Per ``block`` tiles: the input transform into ``v[p]``, for each channel block the
+    alpha^2 GEMMs ``prod[p][a] = v[p][a] @ up[kb, a]`` by the register-blocked
+    micro-kernel, then the output transform cropped into y. Interior tiles are read
+    straight from x, tiles meeting the padding or far edges from a zero-padded copy.
+    ``check[p]`` gains ``y - y`` of every output written: NaN iff one was not finite."""
     key = (ndim, m, np.dtype(dtype).name)
-    if key in _STAGES:
-        return _STAGES[key]
+    if key in _KERNELS:
+        return _KERNELS[key]
     bth, btw, _, _, ath, atw = _matrices(ndim, m)
     scope: dict[str, Any] = {"F": np.dtype(dtype).type}
-    exec(_sandwich_source("transform_in", bth, btw), scope)  # noqa: S102
-    exec(_sandwich_source("transform_out", ath, atw), scope)  # noqa: S102
+    exec(_sandwich_source("transform_in", "src, tmp, dst, t", bth, btw,  # noqa: S102
+                          "src[{k}, {j}, c]", "dst[{ij}, t, c]", "src.shape[2]"), scope)
+    exec(_sandwich_source("transform_out", "src, t, tmp, dst, nc", ath, atw,  # noqa: S102
+                          "src[{kj}, t, c]", "dst[{ij}, c]", "nc"), scope)
     transform_in = njit(**NOALIAS)(scope["transform_in"])
     transform_out = njit(**NOALIAS)(scope["transform_out"])
     ah, aw, mh, mw = bth.shape[0], btw.shape[0], ath.shape[0], atw.shape[0]
+    alpha2, width = ah * aw, nr(np.dtype(dtype).itemsize)
 
-    @njit(nogil=True)
-    def winograd_input(x, v, t0, tiles_h, tiles_w, pad_h, pad_w):  # noqa: PLR0913
-        _, h_, w_, c_ = x.shape
-        patch = np.empty((ah, aw, c_), dtype=v.dtype)
-        tmp = np.empty((ah * aw, c_), dtype=v.dtype)
-        for t in range(v.shape[0]):
-            tile = t0 + t
-            n = tile // (tiles_h * tiles_w)
-            h0 = (tile // tiles_w) % tiles_h * mh - pad_h
-            w0 = tile % tiles_w * mw - pad_w
-            if h0 >= 0 and w0 >= 0 and h0 + ah <= h_ and w0 + aw <= w_:
-                transform_in(x[n, h0:h0 + ah, w0:w0 + aw], tmp, v[t])
-                continue
-            for k in range(ah):
-                for j in range(aw):
-                    ih, iw = h0 + k, w0 + j
-                    inside = 0 <= ih < h_ and 0 <= iw < w_
-                    for c in range(c_):
-                        patch[k, j, c] = x[n, ih, iw, c] if inside else 0
-            transform_in(patch, tmp, v[t])
-
-    @njit(nogil=True)
-    def winograd_output(prod, y, t0, tiles_h, tiles_w):
+    @njit(parallel=True, **NOALIAS)
+    def fused(x, up, y, pad_h, pad_w, tiles_h, tiles_w, block, parts_k,  # noqa: PLR0913
+              v_all, prod_all, check):
+        n_, h_, w_, c_ = x.shape
         _, oh_, ow_, o_ = y.shape
-        res = np.empty((mh * mw, o_), dtype=y.dtype)
-        tmp = np.empty((mh * aw, o_), dtype=y.dtype)
-        for t in range(prod.shape[0]):
-            tile = t0 + t
-            n = tile // (tiles_h * tiles_w)
-            h0 = (tile // tiles_w) % tiles_h * mh
-            w0 = tile % tiles_w * mw
-            transform_out(prod[t].reshape(ah, aw, o_), tmp, res)
-            for i in range(min(mh, oh_ - h0)):
-                for j in range(min(mw, ow_ - w0)):
-                    for c in range(o_):
-                        y[n, h0 + i, w0 + j, c] = res[i * mw + j, c]
+        total, nkb, parts = n_ * tiles_h * tiles_w, up.shape[0], v_all.shape[0]
+        parts_t = parts // parts_k
+        for p in prange(parts):
+            pt, pk = p // parts_k, p % parts_k
+            v, prod, chk = v_all[p], prod_all[p], check[p]
+            patch = np.zeros((ah, aw, c_), dtype=x.dtype)
+            tmp_in = np.empty((alpha2, c_), dtype=x.dtype)
+            tmp_out = np.empty((mh * aw, width), dtype=x.dtype)
+            res = np.empty((mh * mw, width), dtype=x.dtype)
+            end = (pt + 1) * total // parts_t
+            for t0 in range(pt * total // parts_t, end, block):
+                b = min(block, end - t0)
+                for t in range(b):
+                    tile = t0 + t
+                    n = tile // (tiles_h * tiles_w)
+                    h0 = (tile // tiles_w) % tiles_h * mh - pad_h
+                    w0 = tile % tiles_w * mw - pad_w
+                    if h0 >= 0 and w0 >= 0 and h0 + ah <= h_ and w0 + aw <= w_:
+                        transform_in(x[n, h0:h0 + ah, w0:w0 + aw], tmp_in, v, t)
+                        continue
+                    for k in range(ah):
+                        for j in range(aw):
+                            ih, iw = h0 + k, w0 + j
+                            if 0 <= ih < h_ and 0 <= iw < w_:
+                                patch[k, j] = x[n, ih, iw]
+                            else:
+                                patch[k, j] = 0
+                    transform_in(patch, tmp_in, v, t)
+                for kb in range(pk * nkb // parts_k, (pk + 1) * nkb // parts_k):
+                    for a in range(alpha2):
+                        u_off = (kb * alpha2 + a) * c_ * width
+                        for r0 in range(0, b, MR):
+                            gemm_6xnr(v, (a * block + r0) * c_, c_, up, u_off, c_,
+                                      min(MR, b - r0), prod, (a * block + r0) * width, width)
+                    k0 = kb * width
+                    nc = min(width, o_ - k0)
+                    for t in range(b):
+                        tile = t0 + t
+                        n = tile // (tiles_h * tiles_w)
+                        h0 = (tile // tiles_w) % tiles_h * mh
+                        w0 = tile % tiles_w * mw
+                        transform_out(prod, t, tmp_out, res, nc)
+                        for i in range(min(mh, oh_ - h0)):
+                            for j in range(min(mw, ow_ - w0)):
+                                out = y[n, h0 + i, w0 + j, k0:k0 + nc]
+                                val = res[i * mw + j]
+                                for c in range(nc):
+                                    out[c] = val[c]
+                                    chk[c] += val[c] - val[c]
 
-    _STAGES[key] = (winograd_input, winograd_output)
-    return _STAGES[key]
+    _KERNELS[key] = fused
+    return fused
 
 
 # --------------------------------------------------------------- weight transforms
 
 
-@njit(cache=True, nogil=True)
-def _same_bits(a, b):
-    """Whether two equally shaped unsigned-integer views hold the same bits."""
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two equally shaped unsigned-integer views hold the same bits (compared
+    in blocks that stay in cache, early exit)."""
     a, b = a.reshape(-1), b.reshape(-1)
-    for i in range(0, a.size, 4096):  # blocks: vectorised compare, early exit
-        if not np.array_equal(a[i:i + 4096], b[i:i + 4096]):
-            return False
-    return True
+    step = 2**16
+    return all(np.array_equal(a[i:i + step], b[i:i + step]) for i in range(0, a.size, step))
 
 
 class _WeightCache:
@@ -268,68 +297,75 @@ def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
 # --------------------------------------------------------------------------- driver
 
 
-def _chunk(problem: ConvProblem, m: int) -> int:
-    """Tiles per chunk: about CHUNK_BYTES of V and M, at least MIN_TILES, but small
-    enough that every thread gets a chunk (threaded BLAS on one chunk collapsed to
-    2 GFLOP/s next to a busy neighbour: its threads wait on each other)."""
-    alpha2 = (m + 2) ** problem.ndim
-    per_tile = alpha2 * (problem.in_channels + problem.out_channels) * 4
-    th, tw = _tiles(problem, m)
-    share = -(-problem.batch * th * tw // get_num_threads())
-    return max(1, min(max(MIN_TILES, CHUNK_BYTES // per_tile), share))
-
-
 def _tiles(problem: ConvProblem, m: int) -> tuple[int, int]:
     oh = problem.out_size[0] if problem.ndim == 2 else 1
     return -(-oh // m) if problem.ndim == 2 else 1, -(-problem.out_size[-1] // m)
 
 
+def _plan(problem: ConvProblem, m: int) -> tuple[int, int, int]:
+    """(parts, parts_k, block): one part per thread; the output channels are split
+    over the threads (parts_k = parts) when the tiles are too few to share out
+    (each thread then reads only its share of the transformed weights); tiles go
+    through the GEMMs ``block`` at a time, a multiple of the micro-kernel's rows
+    with about BLOCK_BYTES of transformed tiles and products."""
+    parts = get_num_threads()
+    th, tw = _tiles(problem, m)
+    total = problem.batch * th * tw
+    width = nr(problem.compute_dtype.itemsize)
+    nkb = -(-problem.out_channels // width)
+    split_k = parts > 1 and nkb >= parts and total < parts * SPLIT_K_TILES
+    parts_k = parts if split_k else 1
+    share = -(-total // (parts // parts_k))
+    per_tile = (m + 2) ** problem.ndim * (problem.in_channels + width)
+    most = max(MR, BLOCK_BYTES // (per_tile * problem.compute_dtype.itemsize) // MR * MR)
+    per_block = -(-share // -(-share // most))  # equal blocks of at most ``most``
+    return parts, parts_k, -(-per_block // MR) * MR
+
+
 def _workspace(m: int):
     def workspace(problem: ConvProblem) -> int:
         fwd = backward_data_as_forward(problem) if problem.pass_ == "backward_data" else problem
-        th, tw = _tiles(fwd, m)
-        tiles, total = _chunk(fwd, m), fwd.batch * th * tw
+        parts, _, block = _plan(fwd, m)
         alpha2 = (m + 2) ** fwd.ndim
-        chunk = alpha2 * min(tiles, total) * (fwd.in_channels + fwd.out_channels)
-        chunk *= min(get_num_threads(), -(-total // tiles))  # a pair of buffers per thread
-        u = alpha2 * fwd.in_channels * fwd.out_channels
-        return (chunk + u) * fwd.compute_dtype.itemsize
+        width = nr(fwd.compute_dtype.itemsize)
+        padded = -(-fwd.out_channels // width) * width
+        per_part = alpha2 * block * (fwd.in_channels + width) + width
+        u = alpha2 * fwd.in_channels * padded
+        return (parts * per_part + u) * fwd.compute_dtype.itemsize
 
     return workspace
 
 
-def winograd_fwd(problem: ConvProblem, x: np.ndarray, u: np.ndarray, m: int) -> np.ndarray | None:
-    """Forward conv of channels-last x (N, *S, C) by F(m, 3) with transformed weights u
-    (alpha^ndim, C, O); None if x holds NaN or infinity."""
-    winograd_input, winograd_output = stages(problem.ndim, m, x.dtype)
+def pack_weights(u: np.ndarray) -> np.ndarray:
+    """U (alpha^ndim, C, O) -> (ceil(O / NR), alpha^ndim, C, NR), zero-padded: the
+    micro-kernel's panels, one contiguous run per output-channel block."""
+    alpha2, c, o = u.shape
+    width = nr(u.itemsize)
+    nkb = -(-o // width)
+    up = np.zeros((alpha2, c, nkb * width), dtype=u.dtype)
+    up[:, :, :o] = u
+    return np.ascontiguousarray(up.reshape(alpha2, c, nkb, width).transpose(2, 0, 1, 3))
+
+
+def winograd_fwd(problem: ConvProblem, x: np.ndarray, up: np.ndarray,
+                 m: int) -> np.ndarray | None:
+    """Forward conv of channels-last x (N, *S, C) by F(m, 3) with packed transformed
+    weights up (:func:`pack_weights`); None if an output is NaN or infinite (x held
+    one, or the transforms overflowed)."""
+    fused = kernel(problem.ndim, m, x.dtype)
     x4 = x.reshape(x.shape[0], 1, *x.shape[1:]) if problem.ndim == 1 else x
     y = np.empty(problem.y_shape("NHWC"), dtype=x.dtype)
     y4 = y.reshape(y.shape[0], 1, *y.shape[1:]) if problem.ndim == 1 else y
     pad_h = problem.padding[0][0] if problem.ndim == 2 else 0
     pad_w = problem.padding[-1][0]
     tiles_h, tiles_w = _tiles(problem, m)
-    total, chunk = problem.batch * tiles_h * tiles_w, _chunk(problem, m)
-    chunks = -(-total // chunk)
-    shape_v = (min(chunk, total), u.shape[0], problem.in_channels)
-    shape_m = (*shape_v[:2], problem.out_channels)
-    special = [False]  # NaN/inf met: Winograd would smear them over whole tiles
-
-    def work(part: int, parts: int) -> None:
-        # tile-major buffers; the GEMM sees them as (alpha^2, tiles, channels) views
-        v, prod = np.empty(shape_v, x.dtype), np.empty(shape_m, x.dtype)
-        for i in range(part, chunks, parts):
-            t0 = i * chunk
-            b = min(chunk, total - t0)
-            winograd_input(x4, v[:b], t0, tiles_h, tiles_w, pad_h, pad_w)
-            if special[0] or nonfinite(v[:b]):
-                special[0] = True
-                return
-            np.matmul(v[:b].transpose(1, 0, 2), u, out=prod[:b].transpose(1, 0, 2))
-            winograd_output(prod[:b], y4, t0, tiles_h, tiles_w)
-
-    with single_threaded_blas():  # threads over chunks, each with serial BLAS
-        run_parallel(work, min(get_num_threads(), chunks))
-    return None if special[0] else y
+    parts, parts_k, block = _plan(problem, m)
+    width = up.shape[-1]
+    v = np.empty((parts, up.shape[1], block, problem.in_channels), x.dtype)
+    prod = np.empty((parts, up.shape[1], block, width), x.dtype)
+    check = np.zeros((parts, width), x.dtype)
+    fused(x4, up, y4, pad_h, pad_w, tiles_h, tiles_w, block, parts_k, v, prod, check)
+    return None if nonfinite(check) else y
 
 
 def _run(problem: ConvProblem, a: np.ndarray, w: np.ndarray, m: int) -> np.ndarray:
@@ -338,10 +374,11 @@ def _run(problem: ConvProblem, a: np.ndarray, w: np.ndarray, m: int) -> np.ndarr
     NaN/inf anywhere: the direct loops, which put them where IEEE arithmetic does."""
     if problem.pass_ == "backward_data":
         u, special = WEIGHT_CACHE.get(
-            w, (m, "flipped"), lambda w: weight_transform(flipped_weight(w), m))
+            w, (m, "flipped"), lambda w: pack_weights(weight_transform(flipped_weight(w), m)))
         out = None if special else winograd_fwd(backward_data_as_forward(problem), a, u, m)
     else:
-        u, special = WEIGHT_CACHE.get(w, (m, "forward"), lambda w: weight_transform(w, m))
+        u, special = WEIGHT_CACHE.get(
+            w, (m, "forward"), lambda w: pack_weights(weight_transform(w, m)))
         out = None if special else winograd_fwd(problem, a, u, m)
     return registry.get("direct", problem.pass_).run(problem, a, w) if out is None else out
 
