@@ -148,6 +148,73 @@ def test_full_range_depthwise_is_exact():
         assert_equal_q(raw, ref_acc(x, 0, w, 0, (1, 1), (1, 1), (1, 1), 32), path)
 
 
+DEPTHWISE_CASES = [
+    # ndim, N, C, size, kernel, stride, pad, dil, x dtype, w range, w zero points
+    (2, 2, 144, (7, 9), 3, 1, 1, 1, "uint8", (-128, 128), 0),  # 64 + 64 + 16 channels
+    (2, 1, 100, 6, 3, 2, 1, 1, "int8", (-40, 40), "per-channel"),  # w - wzp fits int8
+    (2, 1, 83, (5, 4), 3, (2, 1), (0, 2), 2, "uint8", (-128, 128), "per-channel"),
+    (2, 1, 16, 3, 3, 1, 3, 1, "int8", (-128, 128), 7),  # padding wider than the input
+    (2, 1, 24, 8, (5, 3), 1, 2, 1, "uint8", (-128, 128), 0),  # 5 kernel rows: 2 groups
+    (2, 1, 18, 9, (1, 7), 3, (0, 3), 1, "uint8", (-128, 128), "per-channel"),
+    (1, 2, 40, 13, 5, 2, 2, 1, "int8", (-128, 128), 3),
+    (3, 1, 20, (3, 4, 5), 3, 1, 1, (1, 2, 1), "uint8", (-20, 20), "per-channel"),
+]
+
+
+@pytest.mark.parametrize("case", DEPTHWISE_CASES,
+                         ids=lambda c: f"{c[0]}d-C{c[2]}-k{c[4]}-{c[8]}-wzp{c[10]}")
+@pytest.mark.parametrize("int8_path", ["auto", "portable"])
+def test_depthwise_kernels_against_int64_reference(case, int8_path, monkeypatch):
+    """Both depthwise kernels (VNNI where the CPU has it; the float one on the portable
+    path): channel blocks of 64 and 16 and a ragged tail, padding on every side, kernel
+    rows in groups of four, weights that fit int8 after their zero point and that do not."""
+    nd, n, c, size, k, s, p, d, xdt, (wlo, whi), wzp_kind = case
+    tup = lambda v: (v,) * nd if isinstance(v, int) else tuple(v)  # noqa: E731
+    rng = np.random.default_rng(c)
+    xi = np.iinfo(xdt)
+    x = rng.integers(xi.min, xi.max + 1, (n, c, *tup(size))).astype(xdt)
+    w = rng.integers(wlo, whi, (c, 1, *tup(k))).astype(np.int8)
+    wzp = rng.integers(-60, 60, c) if wzp_kind == "per-channel" else wzp_kind
+    xzp = int(rng.integers(xi.min, xi.max + 1))
+    ws = rng.uniform(1e-3, 2e-2, c)
+    conv_args = dict(stride=tup(s), padding=tup(p), dilation=tup(d), groups=c)
+    monkeypatch.setattr(cpu, "_forced", int8_path)
+    acc = ref_acc(x, xzp, w, wzp, **conv_args)
+    raw = qconv(x, 0.02, xzp, w, ws, wzp, out_dtype=np.int32, algo="depthwise", **conv_args)
+    assert_equal_q(raw, acc, "raw accumulator")
+    bias = rng.normal(0, 50, c).astype(np.float32)
+    for relu, out_dtype, mode in [(False, np.uint8, "float"), (True, np.int8, "float"),
+                                  (False, np.int8, "int32")]:
+        b = bias if mode == "float" else np.round(bias * 100).astype(np.int32)
+        want = apply_requant(np.moveaxis(acc, 1, -1).astype(np.int32),
+                             requant_params(0.02, ws, 0.3, -5 if out_dtype == np.int8 else 9, c,
+                                            b, out_dtype=out_dtype, relu=relu, bias_mode=mode),
+                             out_dtype)
+        y = qconv(x, 0.02, xzp, w, ws, wzp, b, out_scale=0.3,
+                  out_zero_point=-5 if out_dtype == np.int8 else 9, out_dtype=out_dtype,
+                  relu=relu, bias_mode=mode, algo="depthwise", **conv_args)
+        assert_equal_q(y, np.moveaxis(want, -1, 1), f"requantized relu={relu} {mode}")
+
+
+def test_depthwise_requantization_ties_and_saturation():
+    """The vectorised float epilogue (clamp before rounding) against the scalar formula
+    on exact .5 ties and on values far outside the output range, both signs."""
+    c = 32
+    x = np.zeros((1, c, 1, 1), np.uint8)
+    x[0, :, 0, 0] = np.arange(c) * 8
+    w = np.ones((c, 1, 1, 1), np.int8)
+    bias = np.array([0.5, 1.5, -0.5, -2.5, 1e6, -1e6, 3e38, -3e38] * 4, np.float32)
+    for out_dtype, zp in [(np.uint8, 0), (np.uint8, 200), (np.int8, -3)]:
+        for relu in (False, True):
+            acc = np.moveaxis(ref_acc(x, 0, w, 0, (1, 1), (0, 0), (1, 1), c), 1, -1)
+            rq = requant_params(1.0, np.ones(c), 1.0, zp, c, bias, out_dtype=out_dtype,
+                                relu=relu)
+            want = apply_requant(acc.astype(np.int32), rq, out_dtype)
+            y = qconv(x, 1.0, 0, w, 1.0, 0, bias, out_scale=1.0, out_zero_point=zp,
+                      out_dtype=out_dtype, relu=relu, groups=c, algo="depthwise")
+            assert_equal_q(np.moveaxis(y, 1, -1), want, f"{np.dtype(out_dtype)} zp={zp}")
+
+
 def test_weights_changed_in_place_are_repacked():
     rng = np.random.default_rng(5)
     x, xzp, w, wzp, ws, conv_args = _make(CASES[0], rng)

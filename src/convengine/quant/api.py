@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import ConvSetupError
 from ..problem import ConvProblem, as_array, make_problem
 from . import cpu, kernels
+from . import depthwise as depthwise_kernels
 from ._amx import tile_config
 from .numerics import (
     BIAS_MODES,
@@ -84,12 +85,12 @@ def choose_algo(problem: ConvProblem, algo: str) -> str:
     depthwise = (
         problem.is_depthwise
         and problem.out_channels == problem.in_channels
-        and taps <= kernels.DEPTHWISE_MAX_TAPS
+        and taps <= depthwise_kernels.MAX_TAPS
     )
     if algo == "depthwise" and not depthwise:
         raise ConvSetupError(
             "algo='depthwise' needs groups == in_channels == out_channels and at most "
-            f"{kernels.DEPTHWISE_MAX_TAPS} kernel taps; got {problem.describe()}"
+            f"{depthwise_kernels.MAX_TAPS} kernel taps; got {problem.describe()}"
         )
     if algo == "vnni" and not cpu.HAS_VNNI:
         raise ConvSetupError("algo='vnni' needs a CPU with AVX512-VNNI; this one lacks it")
@@ -265,15 +266,18 @@ def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
     bias_f = rq.bias if plan.mode == 0 else np.zeros(1, np.float32)
     bias_i = rq.bias if plan.mode != 0 else np.zeros(1, np.int32)
     args = (plan.mode, rq.multiplier, bias_f, bias_i, rq.zero_point, rq.lo, rq.hi, y)
+    if path == "depthwise" and cpu.int8_path() != "portable":
+        path = "depthwise_vnni"
     packed = packed_weights(w, lambda a: _canonical(a, problem), plan.w_zero_point,
                             problem.groups, path)
-    if path == "depthwise":
+    if path == "depthwise_vnni":
+        assert packed.dw_term is not None
+        depthwise_kernels.conv_depthwise_vnni(
+            xu, flip, xzp_u, packed.data, packed.dw_term, packed.wzp, packed.dw_raw,
+            plan.geometry, numba.get_num_threads(), *args)
+    elif path == "depthwise":
         xs = xu ^ np.uint8(flip) if flip else xu
-        if problem.ndim == 2 and problem.kernel == (3, 3):
-            wsum = packed.data.sum(axis=0, dtype=np.float32)
-            kernels.conv_depthwise_3x3(xs, xzp_u, packed.data, wsum, plan.geometry, *args)
-        else:
-            kernels.conv_depthwise(xs, xzp_u, packed.data, plan.geometry, *args)
+        depthwise_kernels.conv_depthwise(xs, xzp_u, packed.data, plan.geometry, *args)
     elif path == "portable":
         kernels.conv_portable(xu, flip, xzp_u, packed.data, plan.geometry, problem.groups,
                               *args)

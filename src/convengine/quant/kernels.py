@@ -12,9 +12,8 @@ problems padded to 3-D with unit dims, ``geo`` the int64 vector
   through row sums and precomputed column terms, as in fbgemm.
 - :func:`conv_amx`: the same panels, 32 x 32 blocks on AMX tiles (``tdpbusd``).
 - :func:`conv_portable`: the same gather into int16 differences, int32 dot products.
-- :func:`conv_depthwise`: groups == C == O; float32 products and sums of integers
-  that stay below 2**24 (``prod(K) * 255 * 255 < 2**24``), hence exact;
-  :func:`conv_depthwise_3x3` the 2-D 3x3 case with the taps summed in registers.
+
+Depthwise convolutions (groups == C == O) have their own kernels in :mod:`.depthwise`.
 
 ``mode`` selects the epilogue: 0 PyTorch float requantization, 1 ONNX int32-bias
 requantization, 2 the raw int32 accumulator plus the int32 bias.
@@ -26,14 +25,12 @@ import numpy as np
 from numba import njit, prange
 
 from ._amx import amx_32x32, amx_begin, amx_end
-from ._simd import dw3x3_16
 from ._vnni import MR, NR, ukernel_6x64, ukernel_8x32, ukernel_12x16
 
 PANEL_ROWS = 2 * MR  # portable kernel
 PANEL_BYTES = 384 * 1024  # VNNI im2col panel: about a fifth of a 2 MiB L2
 VNNI_ROWS = 24  # panels of whole 6-, 8- and 12-row blocks (the micro-kernels' heights)
 KC4_BLOCK = 64  # K chunk of 256 bytes: a 64-column weight block of 16 KiB stays in L1
-DEPTHWISE_MAX_TAPS = (1 << 24) // (255 * 255)
 
 
 @njit(inline="always")
@@ -276,121 +273,3 @@ def conv_portable(x, flip, xzp, wd, geo, groups, mode, mult, bias_f, bias_i,
                     for k in range(kc):
                         acc += np.int32(diff[k]) * np.int32(wd[o, k])
                     out[m, o] = _epilogue(acc, o, mode, mult, bias_f, bias_i, zp, lo, hi)
-
-
-@njit(parallel=True, fastmath={"contract"}, cache=True)
-def conv_depthwise(x, xzp, wf, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out):
-    """Depthwise (groups == C == O) on uint8 x (int8 shifted by the caller):
-    wf (taps, C) float32 ``w - wzp``. One output row
-    (all OW x C) accumulates in float32 tap by tap; taps that fall in the padding
-    add nothing and are skipped. Every partial sum is an integer below 2**24: exact."""
-    n_img, d_in, h_in, w_in, chans = x.shape
-    od_n, oh_n, ow_n = geo[12], geo[13], geo[14]
-    sw, pw, dw = geo[5], geo[8], geo[11]
-    xflat = x.reshape(-1)
-    wflat = wf.reshape(-1)
-    fzp = np.float32(xzp)
-    for row in prange(n_img * od_n * oh_n):
-        n = row // (od_n * oh_n)
-        od = (row // oh_n) % od_n
-        oh = row % oh_n
-        acc = np.zeros(ow_n * chans, np.float32)
-        for kd in range(geo[0]):
-            iz = od * geo[3] - geo[6] + kd * geo[9]
-            for kh in range(geo[1]):
-                iy = oh * geo[4] - geo[7] + kh * geo[10]
-                if iz < 0 or iz >= d_in or iy < 0 or iy >= h_in:
-                    continue
-                base = ((n * d_in + iz) * h_in + iy) * w_in
-                for kw in range(geo[2]):
-                    wb = ((kd * geo[1] + kh) * geo[2] + kw) * chans
-                    shift = kw * dw - pw
-                    ow_lo = max(0, (-shift + sw - 1) // sw)
-                    ow_hi = min(ow_n, (w_in - 1 - shift) // sw + 1)
-                    for ow in range(ow_lo, ow_hi):
-                        xb = (base + ow * sw + shift) * chans
-                        ab = ow * chans
-                        for c in range(chans):  # unsigned indices: no wraparound checks
-                            xv = np.float32(xflat[np.uintp(xb + c)]) - fzp
-                            acc[np.uintp(ab + c)] += xv * wflat[np.uintp(wb + c)]
-        m0 = row * ow_n
-        flo, fhi, fz = np.float32(lo), np.float32(hi), np.float32(zp)
-        for ow in range(ow_n):
-            ab = ow * chans
-            m = np.uintp(m0 + ow)
-            if mode == 0:
-                for c in range(chans):
-                    v = np.rint((acc[ab + c] + bias_f[c]) * mult[c]) + fz
-                    out[m, c] = np.int32(min(max(v, flo), fhi))
-            else:
-                for c in range(chans):
-                    out[m, c] = _epilogue(np.int64(acc[ab + c]), c, mode, mult, bias_f,
-                                          bias_i, zp, lo, hi)
-
-
-@njit(inline="always")
-def _store_row(acc, m, mode, mult, bias_f, bias_i, zp, lo, hi, out):
-    """Requantize one output pixel's float32 accumulators (exact integers) into out[m]."""
-    flo, fhi, fz = np.float32(lo), np.float32(hi), np.float32(zp)
-    orow = out[m]
-    if mode == 0:
-        for c in range(acc.shape[0]):
-            v = np.rint((acc[c] + bias_f[c]) * mult[c]) + fz
-            orow[c] = np.int32(min(max(v, flo), fhi))
-    else:
-        for c in range(acc.shape[0]):
-            orow[c] = _epilogue(np.int64(acc[c]), c, mode, mult, bias_f, bias_i, zp, lo, hi)
-
-
-@njit(parallel=True, fastmath={"contract"}, cache=True)
-def conv_depthwise_3x3(x, xzp, wf, wsum, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out):
-    """2-D depthwise 3x3, any stride/dilation/padding: x (N, 1, H, W, C) uint8, wf (9, C)
-    float32 ``w - wzp``, ``wsum[c] = sum_t wf[t, c]``. Interior pixels sum the nine taps
-    in registers as ``sum x * w - xzp * wsum`` (integers below 2**24: exact); border
-    pixels add their valid taps one by one."""
-    n_img, h_in, w_in, chans = x.shape[0], x.shape[2], x.shape[3], x.shape[4]
-    oh_n, ow_n = geo[13], geo[14]
-    sh, sw, ph, pw, dh, dw = geo[4], geo[5], geo[7], geo[8], geo[10], geo[11]
-    xflat = x.reshape(-1)
-    fzp = np.float32(xzp)
-    ow_a = min(ow_n, (pw + sw - 1) // sw)
-    ow_b = max(ow_a, min(ow_n, (w_in - 1 - 2 * dw + pw) // sw + 1))
-    cs, rs = dw * chans, dh * w_in * chans
-    chans16 = chans - chans % 16
-    wflat = wf.reshape(-1)
-    for row in prange(n_img * oh_n):
-        n = row // oh_n
-        iy0 = (row % oh_n) * sh - ph
-        rows_ok = iy0 >= 0 and iy0 + 2 * dh < h_in
-        acc = np.empty(chans, np.float32)
-        for ow in range(ow_n):
-            ix0 = ow * sw - pw
-            if rows_ok and ow_a <= ow < ow_b:
-                b = ((n * h_in + iy0) * w_in + ix0) * chans
-                for c in range(0, chans16, 16):
-                    dw3x3_16(xflat, b, cs, rs, wflat, c, chans, wsum, fzp, acc)
-                for c in range(chans16, chans):  # unsigned indices: no wraparound checks
-                    r0, r1, r2 = b + c, b + rs + c, b + 2 * rs + c
-                    s = (np.float32(xflat[np.uintp(r0)]) * wflat[np.uintp(c)]
-                         + np.float32(xflat[np.uintp(r0 + cs)]) * wflat[np.uintp(c + chans)]
-                         + np.float32(xflat[np.uintp(r0 + 2 * cs)]) * wflat[np.uintp(c + 2 * chans)]
-                         + np.float32(xflat[np.uintp(r1)]) * wflat[np.uintp(c + 3 * chans)]
-                         + np.float32(xflat[np.uintp(r1 + cs)]) * wflat[np.uintp(c + 4 * chans)]
-                         + np.float32(xflat[np.uintp(r1 + 2 * cs)]) * wflat[np.uintp(c + 5 * chans)]
-                         + np.float32(xflat[np.uintp(r2)]) * wflat[np.uintp(c + 6 * chans)]
-                         + np.float32(xflat[np.uintp(r2 + cs)]) * wflat[np.uintp(c + 7 * chans)]
-                         + np.float32(xflat[np.uintp(r2 + 2 * cs)]) * wflat[np.uintp(c + 8 * chans)])
-                    acc[c] = s - fzp * wsum[c]
-            else:
-                acc[:] = 0
-                for kh in range(3):
-                    iy = iy0 + kh * dh
-                    for kw in range(3):
-                        ix = ix0 + kw * dw
-                        if 0 <= iy < h_in and 0 <= ix < w_in:
-                            b = ((n * h_in + iy) * w_in + ix) * chans
-                            wt = wf[kh * 3 + kw]
-                            for c in range(chans):
-                                acc[c] += (np.float32(xflat[np.uintp(b + c)]) - fzp) * wt[c]
-            _store_row(acc, np.uintp(row * ow_n + ow), mode, mult, bias_f, bias_i, zp, lo, hi,
-                       out)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from . import depthwise
 from ._vnni import NR
 
 CACHE_SIZE = 64
@@ -24,8 +25,12 @@ CACHE_SIZE = 64
 class Packed:
     """``data``: VNNI/AMX (g * nb * kc4 * 64 * 4,) int8 (AMX: kc4 a multiple of 16),
     portable (O, Kc) int16 ``w - wzp``,
-    depthwise (taps, C) float32 ``w - wzp``. ``wzp`` (O,) int64 signed-weight zero
-    points; ``col_sum`` (O,) int64 ``sum_k w_signed[o, k]``."""
+    depthwise (taps, C) float32 ``w - wzp``, depthwise_vnni the int8 ``wq`` of
+    :func:`.depthwise.pack_weights`. ``wzp`` (O,) int64 signed-weight zero
+    points (depthwise_vnni: int32, padded to C16); ``col_sum`` (O,) int64
+    ``sum_k w_signed[o, k]``. depthwise_vnni only: ``dw_term`` (C16,) int32
+    ``taps * wzp - sum_k w_signed`` and ``dw_raw`` (weights packed without their
+    zero points)."""
 
     data: np.ndarray
     wzp: np.ndarray
@@ -33,6 +38,8 @@ class Packed:
     kc: int
     kc4: int
     nb: int
+    dw_term: np.ndarray | None = None
+    dw_raw: bool = False
 
 
 _cache: OrderedDict[tuple, tuple[np.ndarray, Packed]] = OrderedDict()
@@ -51,6 +58,10 @@ def _pack(w: np.ndarray, wzp: np.ndarray, groups: int, path: str) -> Packed:
     ws, zs = _signed(w, wzp)
     mat = ws.reshape(o, kc)
     col_sum = mat.sum(axis=1, dtype=np.int64)
+    if path == "depthwise_vnni":
+        kd, kh, kw = w.shape[1:4]
+        dw = depthwise.pack_weights(ws.reshape(o, kd * kh, kw), zs)
+        return Packed(dw["wq"], dw["wzp"], col_sum, kc, 0, 0, dw["wterm"], dw["has_wzp"])
     if path == "depthwise":
         taps = (mat.astype(np.float32) - zs.astype(np.float32)[:, None]).T.copy()
         return Packed(taps, zs, col_sum, kc, 0, 0)
@@ -89,7 +100,7 @@ def packed_weights(
     path: str,
 ) -> Packed:
     """The packed form of the caller's weights ``w`` for ``path`` ("amx", "vnni",
-    "portable", "depthwise"); ``canonical(w)`` gives ``(O, KD, KH, KW, C // g)``.
+    "portable", "depthwise", "depthwise_vnni"); ``canonical(w)`` gives ``(O, KD, KH, KW, C // g)``.
 
     Looked up by the array's data address, layout and zero points, then confirmed by
     an exact comparison of ``w`` with the copy saved at packing time: weights changed

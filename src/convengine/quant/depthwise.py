@@ -1,0 +1,446 @@
+"""int8 depthwise convolution (groups == C == O), exact in int32, requantization fused.
+
+Operands as in :mod:`.kernels`: x ``(N, D, H, W, C)`` uint8 (int8 input XORed with
+``flip = 0x80`` on the fly), ``geo`` the int64 geometry vector, ``out (M, C)``.
+
+:func:`conv_depthwise_vnni` (AVX512-VNNI). The ``R = KD * KH`` kernel rows form
+``G = ceil(R / 4)`` groups of four. For each output row, each thread interleaves the
+input rows of every group into a buffer ``buf[g, bx, c, 4]`` (byte ``i`` of the
+int32 lane of channel ``c`` is input row ``4g + i`` at buffer column ``bx``, i.e.
+input column ``bx - pw``), so one ``vpdpbusd`` adds four taps of 16 channels:
+
+    acc[c] = cterm[c] + sum_{g, kw} dot4(buf[g, ow * sw + kw * dw, c], wq[g, kw, c])
+
+Columns and rows outside the input hold the zero point ``xzp`` (they then add
+``(xzp - xzp) * w = 0`` to the exact sum), rows past ``R`` hold 0 against zero
+weights. Weights are packed (:func:`pack_weights`) as ``d = w - wzp`` when every
+``d`` fits int8, else as ``w`` with ``- wzp[c] * sum_t x_t`` added through a second
+``vpdpbusd`` on ones; ``cterm = xzp * wterm``, ``wterm = T * wzp - sum_t w_t``.
+Mode 0 requantizes 16 channels in float32 exactly as ``kernels._epilogue``
+(see :func:`_requant_codegen`), others go through ``_epilogue`` per value.
+
+:func:`conv_depthwise` (any CPU): float32 products and sums of integers below 2**24,
+hence exact; used where VNNI is missing or the portable int8 path is forced.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .kernels import _epilogue
+
+MAX_TAPS = (1 << 24) // (255 * 255)  # the float kernel's exactness bound
+LANES = 16
+_I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_VB = ir.VectorType(_I8, LANES)
+_VI = ir.VectorType(_I32, LANES)
+_VF = ir.VectorType(ir.FloatType(), LANES)
+_VM = ir.VectorType(_I1, LANES)
+
+
+def pack_weights(taps: np.ndarray, wzp: np.ndarray) -> dict[str, Any]:
+    """Depthwise weights for :func:`conv_depthwise_vnni`.
+
+    ``taps (C, R, KW)`` int8 (signed weights, ``R = KD * KH`` kernel rows), ``wzp (C,)``
+    int64 signed zero points. Returns ``wq`` int8 flat ``(G, KW, C16, 4)`` (C16 = C
+    rounded up to 16, zeros past R and C), ``wterm`` and ``wzp`` int32 ``(C16,)``,
+    ``has_wzp`` (weights packed raw, zero point applied through the input sums)."""
+    chans, rows, kw_n = taps.shape
+    c16 = -(-chans // LANES) * LANES
+    groups4 = -(-rows // 4)
+    t64 = taps.astype(np.int64)
+    diff = t64 - wzp[:, None, None]
+    fits = bool(np.all((diff >= -128) & (diff <= 127)))
+    packed = diff if fits else t64
+    arr = np.zeros((groups4 * 4, kw_n, c16), np.int8)
+    arr[:rows, :, :chans] = packed.transpose(1, 2, 0)
+    wq = np.ascontiguousarray(arr.reshape(groups4, 4, kw_n, c16).transpose(0, 2, 3, 1)).ravel()
+    wterm = np.zeros(c16, np.int32)
+    wterm[:chans] = (rows * kw_n * wzp - t64.sum(axis=(1, 2))).astype(np.int32)
+    wzp16 = np.zeros(c16, np.int32)
+    wzp16[:chans] = wzp
+    return dict(wq=wq, wterm=wterm, wzp=wzp16, has_wzp=not fits)
+
+
+def _splat(builder: ir.IRBuilder, value: ir.Value, vty: ir.VectorType) -> ir.Value:
+    undef = ir.Constant(vty, ir.Undefined)
+    v = builder.insert_element(undef, value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_I32, vty.count), None))
+
+
+def _lane_mask(builder: ir.IRBuilder, n: ir.Value) -> ir.Value:
+    """<16 x i1>: lanes i < n (n >= 16: all)."""
+    ids = ir.Constant(_VI, list(range(LANES)))
+    return builder.icmp_signed("<", ids, _splat(builder, builder.trunc(n, _I32), _VI))
+
+
+def _masked_load(builder: ir.IRBuilder, ptr: ir.Value, mask: ir.Value,
+                 passthru: ir.Value) -> ir.Value:
+    vty = passthru.type
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vty, [vty.as_pointer(), _I32, _VM, vty]),
+        f"llvm.masked.load.v{vty.count}i{vty.element.width}.p0")
+    return builder.call(fn, [builder.bitcast(ptr, vty.as_pointer()), ir.Constant(_I32, 1), mask,
+                             passthru])
+
+
+def _masked_store(builder: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value) -> None:
+    vty = value.type
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [vty, vty.as_pointer(), _I32, _VM]),
+        f"llvm.masked.store.v{vty.count}i{vty.element.width}.p0")
+    builder.call(fn, [value, builder.bitcast(ptr, vty.as_pointer()), ir.Constant(_I32, 1), mask])
+
+
+def _interleave4(builder: ir.IRBuilder, rows: list[ir.Value], width: int) -> ir.Value:
+    """<4 width x i8>: byte 4 i + r = rows[r][i] (bytes of pairs, then of 16-bit words)."""
+    pairs = [i + width * h for i in range(width) for h in (0, 1)]
+    p01 = builder.shuffle_vector(rows[0], rows[1], ir.Constant(ir.VectorType(_I32, 2 * width),
+                                                               pairs))
+    p23 = builder.shuffle_vector(rows[2], rows[3], ir.Constant(ir.VectorType(_I32, 2 * width),
+                                                               pairs))
+    quads = [k for i in range(width) for k in (2 * i, 2 * i + 1, 2 * width + 2 * i,
+                                                  2 * width + 2 * i + 1)]
+    return builder.shuffle_vector(p01, p23, ir.Constant(ir.VectorType(_I32, 4 * width), quads))
+
+
+@intrinsic
+def interleave_rows(typingctx, x, off, valid, fill, flip, chans, ncols, buf, boff):
+    """For ``bx < ncols`` buffer columns and channels ``c < chans`` (padded to 16):
+    ``buf[boff + bx * 4 * C16 + 4 c + r] = x[off[r] + bx * chans + c] ^ flip`` if
+    ``valid[r]``, else ``fill[r]`` (also for the padding channels c >= chans).
+    ``off``, ``valid``, ``fill``: 4-tuples of ints, one per kernel row r of the group;
+    every ``off[r]`` must address a row of x, valid or not (invalid rows are read and
+    replaced). Channels go in blocks of 64, then 16, then a masked tail."""
+    intp_t = types.intp
+    tup = types.UniTuple(intp_t, 4)
+    sig = types.void(x, tup, tup, tup, intp_t, intp_t, intp_t, buf, intp_t)
+
+    def codegen(context, builder, signature, args):
+        x_arr = context.make_array(signature.args[0])(context, builder, args[0])
+        b_arr = context.make_array(signature.args[7])(context, builder, args[7])
+        _, off_t, valid_t, fill_t, flip_v, chans_v, ncols_v, _, boff_v = args
+        intp = chans_v.type
+
+        def const(v: int) -> ir.Value:
+            return ir.Constant(intp, v)
+
+        nvec = builder.sdiv(builder.add(chans_v, const(LANES - 1)), const(LANES))
+        col = builder.mul(nvec, const(4 * LANES))
+        n64 = builder.sdiv(chans_v, const(64))
+        n16 = builder.sdiv(builder.srem(chans_v, const(64)), const(LANES))
+        tail = builder.srem(chans_v, const(LANES))
+        flip8 = builder.trunc(flip_v, _I8)
+        oks = [builder.icmp_signed("!=", builder.extract_value(valid_t, r), const(0))
+               for r in range(4)]
+        fills = [builder.xor(builder.trunc(builder.extract_value(fill_t, r), _I8), flip8)
+                 for r in range(4)]  # XORed once more with everything below
+        offs = [builder.extract_value(off_t, r) for r in range(4)]
+
+        def block(xcol: ir.Value, bcol: ir.Value, c: ir.Value, width: int,
+                  masked: bool) -> None:
+            vty = ir.VectorType(_I8, width)
+            rows = []
+            for r in range(4):
+                ptr = builder.gep(x_arr.data, [builder.add(offs[r], builder.add(xcol, c))])
+                fill = _splat(builder, fills[r], vty)
+                if masked:
+                    lanes = _lane_mask(builder, builder.sub(chans_v, c))
+                    rows.append(_masked_load(builder, ptr, builder.select(
+                        oks[r], lanes, ir.Constant(_VM, None)), fill))
+                else:
+                    got = builder.load(builder.bitcast(ptr, vty.as_pointer()), align=1)
+                    rows.append(builder.select(oks[r], got, fill))
+            out = builder.xor(_interleave4(builder, rows, width),
+                              _splat(builder, flip8, ir.VectorType(_I8, 4 * width)))
+            dst = builder.gep(b_arr.data, [builder.add(bcol, builder.mul(c, const(4)))])
+            builder.store(out, builder.bitcast(dst, out.type.as_pointer()), align=1)
+
+        with cgutils.for_range(builder, ncols_v) as cl:
+            xcol = builder.mul(cl.index, chans_v)
+            bcol = builder.add(boff_v, builder.mul(cl.index, col))
+            with cgutils.for_range(builder, n64) as bl:
+                block(xcol, bcol, builder.mul(bl.index, const(64)), 64, False)
+            with cgutils.for_range(builder, n16) as vl:
+                block(xcol, bcol, builder.add(builder.mul(n64, const(64)),
+                                              builder.mul(vl.index, const(LANES))), LANES, False)
+            has_tail = builder.icmp_signed("!=", tail, const(0))
+            with builder.if_then(has_tail):
+                block(xcol, bcol, builder.sub(chans_v, tail), LANES, True)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _load_vec(builder: ir.IRBuilder, base: ir.Value, idx: ir.Value, vty: ir.Type) -> ir.Value:
+    return builder.load(builder.bitcast(builder.gep(base, [idx]), vty.as_pointer()), align=4)
+
+
+def _make_row_kernel(requant: bool) -> Any:
+    """An intrinsic that runs 16 channels (``c .. c + 15``) of one output row: for
+    ``ow < ow_n`` the int32 lanes
+
+        acc = cterm[c:] + sum_{g < ngroups, kw < kw_n} dot4(buf[b + g * plane + kw * tap],
+                                                           wq[woff + (g * kw_n + kw) * wtap])
+              (- wzp[c:] * sum of the same input bytes, if has_wzp)
+
+    with ``b = boff + ow * step``, go to ``dst[doff + ow * dstride:][:16]``: requantized
+    (:func:`_requant_codegen`, lanes < n, 8-bit) or as int32. The 3 x 3 case
+    (ngroups 1, kw_n 3) keeps its three weight vectors in registers."""
+
+    def row_kernel(typingctx, buf, boff, tap, plane, ngroups, kw_n, step, ow_n, wq, woff, wtap,
+                   cterm, wzp, has_wzp, c, bias, mult, qmin, qmax, zp, n, dst, doff, dstride):
+        i = types.intp
+        sig = types.void(buf, i, i, i, i, i, i, i, wq, i, i, cterm, wzp, i, i, bias, mult,
+                         types.float32, types.float32, i, i, dst, i, i)
+
+        def codegen(context, builder, signature, args):
+            arr = [context.make_array(signature.args[k])(context, builder, args[k])
+                   if isinstance(signature.args[k], types.Array) else None
+                   for k in range(len(args))]
+            (_, boff_v, tap_v, plane_v, ngroups_v, kw_v, step_v, ow_v, _, woff_v, wtap_v,
+             _, _, has_wzp_v, c_v, _, _, qmin_v, qmax_v, zp_v, n_v, _, doff_v, dstride_v) = args
+            intp = boff_v.type
+            dot = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_VI, [_VI] * 3), "llvm.x86.avx512.vpdpbusd.512")
+            ones = ir.Constant(_VI, [0x01010101] * LANES)
+            buf_p, wq_p, dst_p = arr[0].data, arr[8].data, arr[21].data
+            init = _load_vec(builder, arr[11].data, c_v, _VI)
+            wzp_vec = _load_vec(builder, arr[12].data, c_v, _VI)
+            if requant:
+                bias_vec = _load_vec(builder, arr[15].data, c_v, _VF)
+                mult_vec = _load_vec(builder, arr[16].data, c_v, _VF)
+                mask = _lane_mask(builder, n_v)
+
+            def emit(fast: bool, use_wzp: bool) -> None:
+                if fast:
+                    wv = [_load_vec(builder, wq_p, builder.add(
+                        woff_v, builder.mul(wtap_v, ir.Constant(intp, k))), _VI) for k in range(3)]
+                with cgutils.for_range(builder, ow_v) as ol:
+                    base = builder.add(boff_v, builder.mul(ol.index, step_v))
+                    if fast:
+                        acc, xs = init, ir.Constant(_VI, None)
+                        for k in range(3):
+                            xv = _load_vec(builder, buf_p, builder.add(
+                                base, builder.mul(tap_v, ir.Constant(intp, k))), _VI)
+                            acc = builder.call(dot, [acc, xv, wv[k]])
+                            if use_wzp:
+                                xs = builder.call(dot, [xs, xv, ones])
+                    else:
+                        acc_p = cgutils.alloca_once_value(builder, init)
+                        xs_p = cgutils.alloca_once_value(builder, ir.Constant(_VI, None))
+                        with cgutils.for_range(builder, ngroups_v) as gl:
+                            gb = builder.add(base, builder.mul(gl.index, plane_v))
+                            gw = builder.add(woff_v, builder.mul(
+                                builder.mul(gl.index, kw_v), wtap_v))
+                            with cgutils.for_range(builder, kw_v) as kl:
+                                xv = _load_vec(builder, buf_p, builder.add(
+                                    gb, builder.mul(kl.index, tap_v)), _VI)
+                                wk = _load_vec(builder, wq_p, builder.add(
+                                    gw, builder.mul(kl.index, wtap_v)), _VI)
+                                builder.store(builder.call(dot, [builder.load(acc_p), xv, wk]),
+                                              acc_p)
+                                if use_wzp:
+                                    builder.store(builder.call(
+                                        dot, [builder.load(xs_p), xv, ones]), xs_p)
+                        acc, xs = builder.load(acc_p), builder.load(xs_p)
+                    if use_wzp:
+                        acc = builder.sub(acc, builder.mul(wzp_vec, xs))
+                    at = builder.gep(dst_p, [builder.add(doff_v, builder.mul(ol.index, dstride_v))])
+                    if requant:
+                        q = _requant_codegen(builder, acc, bias_vec, mult_vec, qmin_v, qmax_v, zp_v)
+                        _masked_store(builder, builder.trunc(q, _VB), at, mask)
+                    else:
+                        builder.store(acc, builder.bitcast(at, _VI.as_pointer()), align=4)
+
+            fast = builder.and_(builder.icmp_signed("==", ngroups_v, ir.Constant(intp, 1)),
+                                builder.icmp_signed("==", kw_v, ir.Constant(intp, 3)))
+            with_wzp = builder.icmp_signed("!=", has_wzp_v, ir.Constant(intp, 0))
+            with builder.if_else(fast) as (is_fast, is_generic):
+                for block, fast_flag in ((is_fast, True), (is_generic, False)):
+                    with block, builder.if_else(with_wzp) as (yes, no):
+                        with yes:
+                            emit(fast_flag, True)
+                        with no:
+                            emit(fast_flag, False)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    row_kernel.__name__ = "dw_row_requant" if requant else "dw_row_acc"
+    return intrinsic(row_kernel)
+
+
+dw_row_requant = _make_row_kernel(True)
+dw_row_acc = _make_row_kernel(False)
+
+
+def _requant_codegen(builder: ir.IRBuilder, acc: ir.Value, bias: ir.Value, mult: ir.Value,
+                     qmin: ir.Value, qmax: ir.Value, zp: ir.Value) -> ir.Value:
+    """``rint(clamp((f32(acc) + bias) * mult, lo - zp, hi - zp)) + zp`` in int32 lanes.
+
+    Equal to ``_epilogue``'s ``clamp(rint((f32(acc) + bias) * mult) + zp, lo, hi)``:
+    rint is monotonic and fixes the integers ``lo - zp`` and ``hi - zp``, so clamping
+    before or after it agrees, and inside the clamp range ``+ zp`` is exact.
+    ``vcvtps2dq`` with {rn-sae} is rint (ties to even) and the conversion in one."""
+    v = builder.fmul(builder.fadd(builder.sitofp(acc, _VF), bias), mult)
+    lo = _splat(builder, qmin, _VF)
+    hi = _splat(builder, qmax, _VF)
+    v = builder.select(builder.fcmp_ordered(">", v, lo), v, lo)
+    v = builder.select(builder.fcmp_ordered("<", v, hi), v, hi)
+    cvt = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_VI, [_VF, _VI, _I16, _I32]),
+        "llvm.x86.avx512.mask.cvtps2dq.512")
+    q = builder.call(cvt, [v, ir.Constant(_VI, None), ir.Constant(_I16, -1),
+                           ir.Constant(_I32, 8)])
+    return builder.add(q, _splat(builder, builder.trunc(zp, _I32), _VI))
+
+
+@njit(cache=True)
+def _channel_constants(xzp, wterm, mult, bias_f, mode):
+    """(C16,) ``cterm = xzp * wterm`` (int32, wrapping as int32 does), multiplier and
+    float bias (mode 0), zero past C. Plain loops: no parallel regions for these."""
+    c16 = wterm.shape[0]
+    cterm = np.empty(c16, np.int32)
+    mult16 = np.empty(c16, np.float32)
+    bias16 = np.empty(c16, np.float32)
+    for c in range(c16):
+        cterm[c] = np.int32(xzp) * wterm[c]
+        inside = c < mult.shape[0]
+        mult16[c] = mult[c] if inside else np.float32(0)
+        bias16[c] = bias_f[c] if inside and mode == 0 else np.float32(0)
+    return cterm, mult16, bias16
+
+
+@njit(inline="always")
+def _row_source(k, rows, n, od, oh, geo, x_shape, xzp):
+    """Kernel row k (of ``rows`` = KD * KH) for output row (n, od, oh): the flat offset
+    of its input row, whether that row is inside the input, and the fill byte (the
+    zero point for rows in the padding, 0 for rows past the kernel)."""
+    if k >= rows:
+        return 0, 0, 0
+    d_in, h_in, w_in, chans = x_shape[1], x_shape[2], x_shape[3], x_shape[4]
+    iz = od * geo[3] - geo[6] + (k // geo[1]) * geo[9]
+    iy = oh * geo[4] - geo[7] + (k % geo[1]) * geo[10]
+    if 0 <= iz < d_in and 0 <= iy < h_in:
+        return ((n * d_in + iz) * h_in + iy) * w_in * chans, 1, xzp
+    return 0, 0, xzp  # row 0 of x: read, then replaced by the fill
+
+
+@njit(parallel=True, cache=True)
+def conv_depthwise_vnni(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, nchunks, mode, mult,
+                        bias_f, bias_i, zp, lo, hi, out):
+    """Depthwise conv by ``vpdpbusd`` (module doc): ``wq``, ``wterm``, ``wzp`` and
+    ``has_wzp`` from :func:`pack_weights`; output rows split into ``nchunks`` runs."""
+    n_img, w_in, chans = x.shape[0], x.shape[3], x.shape[4]
+    kh_n, kw_n = geo[1], geo[2]
+    od_n, oh_n, ow_n = geo[12], geo[13], geo[14]
+    sw, pw, dw = geo[5], geo[8], geo[11]
+    rows = geo[0] * kh_n
+    ngroups = (rows + 3) // 4
+    c16 = wterm.shape[0]
+    col = c16 * 4  # bytes per buffer column
+    wb = (ow_n - 1) * sw + (kw_n - 1) * dw + 1  # buffer columns
+    plane = wb * col
+    bx_lo, bx_hi = min(pw, wb), max(min(pw, wb), min(wb, pw + w_in))
+    xflat = x.reshape(-1)
+    oflat = out.reshape(-1)
+    cterm, mult16, bias16 = _channel_constants(xzp, wterm, mult, bias_f, mode)
+    qmin, qmax = np.float32(lo - zp), np.float32(hi - zp)
+    nvec = c16 // 16
+    total = n_img * od_n * oh_n
+    for t in prange(nchunks):
+        buf = np.empty(ngroups * plane, np.uint8)
+        scratch = np.empty(ow_n * c16 if mode != 0 else 16, np.int32)
+        for g in range(ngroups):  # columns outside the input: the zero point
+            for bx in range(wb):
+                if bx < bx_lo or bx >= bx_hi:
+                    for c in range(c16):
+                        for r in range(4):
+                            fill = xzp if 4 * g + r < rows else 0
+                            buf[g * plane + bx * col + 4 * c + r] = fill
+        for row in range(t * total // nchunks, (t + 1) * total // nchunks):
+            n = row // (od_n * oh_n)
+            od = (row // oh_n) % od_n
+            oh = row % oh_n
+            for g in range(ngroups):
+                o0, v0, f0 = _row_source(4 * g, rows, n, od, oh, geo, x.shape, xzp)
+                o1, v1, f1 = _row_source(4 * g + 1, rows, n, od, oh, geo, x.shape, xzp)
+                o2, v2, f2 = _row_source(4 * g + 2, rows, n, od, oh, geo, x.shape, xzp)
+                o3, v3, f3 = _row_source(4 * g + 3, rows, n, od, oh, geo, x.shape, xzp)
+                xb = (bx_lo - pw) * chans
+                interleave_rows(xflat, (o0 + xb, o1 + xb, o2 + xb, o3 + xb), (v0, v1, v2, v3),
+                                (f0, f1, f2, f3), flip, chans, bx_hi - bx_lo, buf,
+                                g * plane + bx_lo * col)
+            m0 = row * ow_n
+            for j in range(nvec):
+                if mode == 0:
+                    dw_row_requant(buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n,
+                                   wq, 64 * j, col, cterm, wzp, has_wzp, 16 * j, bias16, mult16,
+                                   qmin, qmax, zp, chans - 16 * j, oflat, m0 * chans + 16 * j,
+                                   chans)
+                else:
+                    dw_row_acc(buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n,
+                               wq, 64 * j, col, cterm, wzp, has_wzp, 16 * j, bias16, mult16,
+                               qmin, qmax, zp, 16, scratch, 16 * j, c16)
+            if mode != 0:
+                for ow in range(ow_n):
+                    for c in range(chans):
+                        out[m0 + ow, c] = _epilogue(scratch[ow * c16 + c], c, mode, mult,
+                                                    bias_f, bias_i, zp, lo, hi)
+
+
+@njit(parallel=True, fastmath={"contract"}, cache=True)
+def conv_depthwise(x, xzp, wf, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out):
+    """Depthwise (groups == C == O) on uint8 x (int8 shifted by the caller):
+    wf (taps, C) float32 ``w - wzp``. One output row
+    (all OW x C) accumulates in float32 tap by tap; taps that fall in the padding
+    add nothing and are skipped. Every partial sum is an integer below 2**24: exact."""
+    n_img, d_in, h_in, w_in, chans = x.shape
+    od_n, oh_n, ow_n = geo[12], geo[13], geo[14]
+    sw, pw, dw = geo[5], geo[8], geo[11]
+    xflat = x.reshape(-1)
+    wflat = wf.reshape(-1)
+    fzp = np.float32(xzp)
+    for row in prange(n_img * od_n * oh_n):
+        n = row // (od_n * oh_n)
+        od = (row // oh_n) % od_n
+        oh = row % oh_n
+        acc = np.zeros(ow_n * chans, np.float32)
+        for kd in range(geo[0]):
+            iz = od * geo[3] - geo[6] + kd * geo[9]
+            for kh in range(geo[1]):
+                iy = oh * geo[4] - geo[7] + kh * geo[10]
+                if iz < 0 or iz >= d_in or iy < 0 or iy >= h_in:
+                    continue
+                base = ((n * d_in + iz) * h_in + iy) * w_in
+                for kw in range(geo[2]):
+                    wb = ((kd * geo[1] + kh) * geo[2] + kw) * chans
+                    shift = kw * dw - pw
+                    ow_lo = max(0, (-shift + sw - 1) // sw)
+                    ow_hi = min(ow_n, (w_in - 1 - shift) // sw + 1)
+                    for ow in range(ow_lo, ow_hi):
+                        xb = (base + ow * sw + shift) * chans
+                        ab = ow * chans
+                        for c in range(chans):  # unsigned indices: no wraparound checks
+                            xv = np.float32(xflat[np.uintp(xb + c)]) - fzp
+                            acc[np.uintp(ab + c)] += xv * wflat[np.uintp(wb + c)]
+        m0 = row * ow_n
+        flo, fhi, fz = np.float32(lo), np.float32(hi), np.float32(zp)
+        for ow in range(ow_n):
+            ab = ow * chans
+            m = np.uintp(m0 + ow)
+            if mode == 0:
+                for c in range(chans):
+                    v = np.rint((acc[ab + c] + bias_f[c]) * mult[c]) + fz
+                    out[m, c] = np.int32(min(max(v, flo), fhi))
+            else:
+                for c in range(chans):
+                    out[m, c] = _epilogue(np.int64(acc[ab + c]), c, mode, mult, bias_f,
+                                          bias_i, zp, lo, hi)
