@@ -9,13 +9,14 @@ input rows of every group into a buffer ``buf[g, bx, c, 4]`` (byte ``i`` of the
 int32 lane of channel ``c`` is input row ``4g + i`` at buffer column ``bx``, i.e.
 input column ``bx - pw``), so one ``vpdpbusd`` adds four taps of 16 channels:
 
-    acc[c] = cterm[c] + sum_{g, kw} dot4(buf[g, ow * sw + kw * dw, c], wq[g, kw, c])
+    acc[c] = xzp * wterm[c] + sum_{g, kw} dot4(buf[g, ow * sw + kw * dw, c], wq[g, kw, c])
 
 Columns and rows outside the input hold the zero point ``xzp`` (they then add
 ``(xzp - xzp) * w = 0`` to the exact sum), rows past ``R`` hold 0 against zero
 weights. Weights are packed (:func:`pack_weights`) as ``d = w - wzp`` when every
 ``d`` fits int8, else as ``w`` with ``- wzp[c] * sum_t x_t`` added through a second
-``vpdpbusd`` on ones; ``cterm = xzp * wterm``, ``wterm = T * wzp - sum_t w_t``.
+``vpdpbusd`` on ones; ``wterm = T * wzp - sum_t w_t`` (int32 arithmetic wraps, and
+the true sum fits, so the result is exact).
 Mode 0 requantizes 16 channels in float32 exactly as ``kernels._epilogue``
 (see :func:`_requant_codegen`), others go through ``_epilogue`` per value.
 
@@ -33,10 +34,12 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .cpu import _features
 from .kernels import _epilogue
 
 MAX_TAPS = (1 << 24) // (255 * 255)  # the float kernel's exactness bound
 LANES = 16
+HAS_VBMI = bool(_features.get("avx512vbmi"))  # vpermt2b: 64-byte two-source permutes
 _I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _VB = ir.VectorType(_I8, LANES)
 _VI = ir.VectorType(_I32, LANES)
@@ -84,7 +87,7 @@ def _masked_load(builder: ir.IRBuilder, ptr: ir.Value, mask: ir.Value,
                  passthru: ir.Value) -> ir.Value:
     vty = passthru.type
     fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(vty, [vty.as_pointer(), _I32, _VM, vty]),
+        builder.module, ir.FunctionType(vty, [vty.as_pointer(), _I32, mask.type, vty]),
         f"llvm.masked.load.v{vty.count}i{vty.element.width}.p0")
     return builder.call(fn, [builder.bitcast(ptr, vty.as_pointer()), ir.Constant(_I32, 1), mask,
                              passthru])
@@ -110,6 +113,42 @@ def _interleave4(builder: ir.IRBuilder, rows: list[ir.Value], width: int) -> ir.
     return builder.shuffle_vector(p01, p23, ir.Constant(ir.VectorType(_I32, 4 * width), quads))
 
 
+def _interleave3_vbmi(builder: ir.IRBuilder, rows: list[ir.Value], nblocks: ir.Value,
+                      store: Any) -> None:
+    """Three <64 x i8> rows -> ``nblocks`` (1-4) <64 x i8> blocks of 16 channels, block
+    k holding ``[r0, r1, r2, 0]`` lanes of channels 16 k + i (as :func:`_interleave4`
+    with a zero fourth row), each passed to ``store(k, block)``. Six ``vpermt2b`` for
+    four blocks: two pair up rows 0 and 1, one per block adds row 2 (byte 3 masked)."""
+    v64 = ir.VectorType(_I8, 64)
+    perm = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v64, [v64] * 3),
+                                          "llvm.x86.avx512.vpermi2var.qi.512")
+    keep = ir.Constant(ir.VectorType(_I1, 64), [int(k % 4 != 3) for k in range(64)])
+
+    def pair(h: int) -> ir.Value:
+        idx = [32 * h + i + 64 * b for i in range(32) for b in (0, 1)]
+        return builder.call(perm, [rows[0], ir.Constant(v64, idx), rows[1]])
+
+    def block(k: int, pairs: ir.Value) -> None:
+        idx = [v for i in range(LANES) for v in (2 * (16 * (k % 2) + i),
+                                                   2 * (16 * (k % 2) + i) + 1,
+                                                   64 + 16 * k + i, 0)]
+        got = builder.call(perm, [pairs, ir.Constant(v64, idx), rows[2]])
+        store(k, builder.select(keep, got, ir.Constant(v64, None)))
+
+    def more(k: int) -> Any:
+        return builder.if_then(builder.icmp_signed(">", nblocks, ir.Constant(nblocks.type, k)))
+
+    low = pair(0)
+    block(0, low)
+    with more(1):
+        block(1, low)
+    with more(2):
+        high = pair(1)
+        block(2, high)
+        with more(3):
+            block(3, high)
+
+
 @intrinsic
 def interleave_rows(typingctx, x, off, valid, fill, flip, chans, ncols, buf, boff):
     """For ``bx < ncols`` buffer columns and channels ``c < chans`` (padded to 16):
@@ -117,7 +156,7 @@ def interleave_rows(typingctx, x, off, valid, fill, flip, chans, ncols, buf, bof
     ``valid[r]``, else ``fill[r]`` (also for the padding channels c >= chans).
     ``off``, ``valid``, ``fill``: 4-tuples of ints, one per kernel row r of the group;
     every ``off[r]`` must address a row of x, valid or not (invalid rows are read and
-    replaced). Channels go in blocks of 64, then 16, then a masked tail."""
+    replaced). Channels go in blocks of 64, 32 and 16, then a masked tail."""
     intp_t = types.intp
     tup = types.UniTuple(intp_t, 4)
     sig = types.void(x, tup, tup, tup, intp_t, intp_t, intp_t, buf, intp_t)
@@ -134,46 +173,114 @@ def interleave_rows(typingctx, x, off, valid, fill, flip, chans, ncols, buf, bof
         nvec = builder.sdiv(builder.add(chans_v, const(LANES - 1)), const(LANES))
         col = builder.mul(nvec, const(4 * LANES))
         n64 = builder.sdiv(chans_v, const(64))
-        n16 = builder.sdiv(builder.srem(chans_v, const(64)), const(LANES))
+        rest = builder.srem(chans_v, const(64))
+        has32 = builder.icmp_signed(">=", rest, const(32))
+        n16 = builder.sdiv(builder.srem(rest, const(32)), const(LANES))
         tail = builder.srem(chans_v, const(LANES))
         flip8 = builder.trunc(flip_v, _I8)
         oks = [builder.icmp_signed("!=", builder.extract_value(valid_t, r), const(0))
                for r in range(4)]
         fills = [builder.xor(builder.trunc(builder.extract_value(fill_t, r), _I8), flip8)
-                 for r in range(4)]  # XORed once more with everything below
+                 for r in range(4)]  # XORed once more with the loaded rows
         offs = [builder.extract_value(off_t, r) for r in range(4)]
 
-        def block(xcol: ir.Value, bcol: ir.Value, c: ir.Value, width: int,
-                  masked: bool) -> None:
+        def load_rows(xcol: ir.Value, c: ir.Value, width: int, nrows: int, flipped: bool,
+                      lanes: ir.Value | None) -> list[ir.Value]:
+            """Rows r < nrows at channels c.. (``width`` bytes; masked loads if ``lanes``),
+            the fill where a row is outside the input, XORed with flip."""
             vty = ir.VectorType(_I8, width)
             rows = []
-            for r in range(4):
+            for r in range(nrows):
                 ptr = builder.gep(x_arr.data, [builder.add(offs[r], builder.add(xcol, c))])
                 fill = _splat(builder, fills[r], vty)
-                if masked:
-                    lanes = _lane_mask(builder, builder.sub(chans_v, c))
-                    rows.append(_masked_load(builder, ptr, builder.select(
-                        oks[r], lanes, ir.Constant(_VM, None)), fill))
+                if lanes is not None:
+                    row = _masked_load(builder, ptr, builder.select(
+                        oks[r], lanes, ir.Constant(lanes.type, None)), fill)
                 else:
                     got = builder.load(builder.bitcast(ptr, vty.as_pointer()), align=1)
-                    rows.append(builder.select(oks[r], got, fill))
-            out = builder.xor(_interleave4(builder, rows, width),
-                              _splat(builder, flip8, ir.VectorType(_I8, 4 * width)))
+                    row = builder.select(oks[r], got, fill)
+                rows.append(builder.xor(row, _splat(builder, flip8, vty)) if flipped else row)
+            return rows
+
+        def block(xcol: ir.Value, bcol: ir.Value, c: ir.Value, width: int, masked: bool,
+                  flipped: bool, three: bool) -> None:
+            lanes = _lane_mask(builder, builder.sub(chans_v, c)) if masked else None
+            rows = load_rows(xcol, c, width, 3 if three else 4, flipped, lanes)
+            if three:
+                rows.append(ir.Constant(ir.VectorType(_I8, width), None))
+            out = _interleave4(builder, rows, width)
             dst = builder.gep(b_arr.data, [builder.add(bcol, builder.mul(c, const(4)))])
             builder.store(out, builder.bitcast(dst, out.type.as_pointer()), align=1)
 
-        with cgutils.for_range(builder, ncols_v) as cl:
-            xcol = builder.mul(cl.index, chans_v)
-            bcol = builder.add(boff_v, builder.mul(cl.index, col))
-            with cgutils.for_range(builder, n64) as bl:
-                block(xcol, bcol, builder.mul(bl.index, const(64)), 64, False)
-            with cgutils.for_range(builder, n16) as vl:
-                block(xcol, bcol, builder.add(builder.mul(n64, const(64)),
-                                              builder.mul(vl.index, const(LANES))), LANES, False)
-            has_tail = builder.icmp_signed("!=", tail, const(0))
-            with builder.if_then(has_tail):
-                block(xcol, bcol, builder.sub(chans_v, tail), LANES, True)
+        def block64_vbmi(xcol: ir.Value, bcol: ir.Value, c: ir.Value, flipped: bool,
+                         rest: ir.Value | None) -> None:
+            """64 channels from c (``rest`` < 64 of them by masked loads) in 16-channel
+            blocks, three rows."""
+            lanes = None
+            if rest is not None:
+                ids = ir.Constant(ir.VectorType(_I32, 64), list(range(64)))
+                lanes = builder.icmp_signed("<", ids, _splat(builder, builder.trunc(
+                    rest, _I32), ir.VectorType(_I32, 64)))
+            rows = load_rows(xcol, c, 64, 3, flipped, lanes)
+            dst = builder.gep(b_arr.data, [builder.add(bcol, builder.mul(c, const(4)))])
+
+            def store(k: int, part: ir.Value) -> None:
+                at = builder.gep(dst, [const(64 * k)])
+                builder.store(part, builder.bitcast(at, part.type.as_pointer()), align=1)
+
+            nblocks = const(4) if rest is None else builder.sdiv(
+                builder.add(rest, const(LANES - 1)), const(LANES))
+            _interleave3_vbmi(builder, rows, nblocks, store)
+
+        def columns(flipped: bool, three: bool) -> None:
+            with cgutils.for_range(builder, ncols_v) as cl:
+                xcol = builder.mul(cl.index, chans_v)
+                bcol = builder.add(boff_v, builder.mul(cl.index, col))
+                if three and HAS_VBMI:
+                    with cgutils.for_range(builder, n64) as bl:
+                        block64_vbmi(xcol, bcol, builder.mul(bl.index, const(64)), flipped,
+                                     None)
+                    rest64 = builder.srem(chans_v, const(64))
+                    with builder.if_then(builder.icmp_signed("!=", rest64, const(0))):
+                        block64_vbmi(xcol, bcol, builder.mul(n64, const(64)), flipped, rest64)
+                    return
+                with cgutils.for_range(builder, n64) as bl:
+                    block(xcol, bcol, builder.mul(bl.index, const(64)), 64, False, flipped,
+                          three)
+                c32 = builder.mul(n64, const(64))
+                with builder.if_then(has32):
+                    block(xcol, bcol, c32, 32, False, flipped, three)
+                c16 = builder.add(c32, builder.select(has32, const(32), const(0)))
+                with cgutils.for_range(builder, n16) as vl:
+                    block(xcol, bcol, builder.add(c16, builder.mul(vl.index, const(LANES))),
+                          LANES, False, flipped, three)
+                with builder.if_then(builder.icmp_signed("!=", tail, const(0))):
+                    block(xcol, bcol, builder.sub(chans_v, tail), LANES, True, flipped, three)
+
+        # a fourth row that is past the kernel (invalid, fill 0) is a constant zero
+        absent3 = builder.and_(builder.not_(oks[3]), builder.icmp_signed(
+            "==", builder.extract_value(fill_t, 3), const(0)))
+        flipped = builder.icmp_signed("!=", flip_v, const(0))
+        with builder.if_else(absent3) as (three_rows, four_rows):
+            for block_ctx, three in ((three_rows, True), (four_rows, False)):
+                with block_ctx, builder.if_else(flipped) as (yes, no):
+                    with yes:
+                        columns(True, three)
+                    with no:
+                        columns(False, three)
         return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def fetch_add(typingctx, arr, value):
+    """Atomically ``old = arr[0]; arr[0] += value``; returns ``old`` (int64 arrays)."""
+    sig = types.int64(arr, types.int64)
+
+    def codegen(context, builder, signature, args):
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.atomic_rmw("add", a.data, args[1], "monotonic")
 
     return sig, codegen
 
@@ -186,7 +293,7 @@ def _make_row_kernel(requant: bool) -> Any:
     """An intrinsic that runs 16 channels (``c .. c + 15``) of one output row: for
     ``ow < ow_n`` the int32 lanes
 
-        acc = cterm[c:] + sum_{g < ngroups, kw < kw_n} dot4(buf[b + g * plane + kw * tap],
+        acc = xzp * wterm[c:] + sum_{g < ngroups, kw < kw_n} dot4(buf[b + g * plane + kw * tap],
                                                            wq[woff + (g * kw_n + kw) * wtap])
               (- wzp[c:] * sum of the same input bytes, if has_wzp)
 
@@ -195,23 +302,26 @@ def _make_row_kernel(requant: bool) -> Any:
     (ngroups 1, kw_n 3) keeps its three weight vectors in registers."""
 
     def row_kernel(typingctx, buf, boff, tap, plane, ngroups, kw_n, step, ow_n, wq, woff, wtap,
-                   cterm, wzp, has_wzp, c, bias, mult, qmin, qmax, zp, n, dst, doff, dstride):
+                   wterm, wzp, has_wzp, c, bias, mult, qmin, qmax, zp, n, dst, doff, dstride,
+                   xzp):
         i = types.intp
-        sig = types.void(buf, i, i, i, i, i, i, i, wq, i, i, cterm, wzp, i, i, bias, mult,
-                         types.float32, types.float32, i, i, dst, i, i)
+        sig = types.void(buf, i, i, i, i, i, i, i, wq, i, i, wterm, wzp, i, i, bias, mult,
+                         types.float32, types.float32, i, i, dst, i, i, i)
 
         def codegen(context, builder, signature, args):
             arr = [context.make_array(signature.args[k])(context, builder, args[k])
                    if isinstance(signature.args[k], types.Array) else None
                    for k in range(len(args))]
             (_, boff_v, tap_v, plane_v, ngroups_v, kw_v, step_v, ow_v, _, woff_v, wtap_v,
-             _, _, has_wzp_v, c_v, _, _, qmin_v, qmax_v, zp_v, n_v, _, doff_v, dstride_v) = args
+             _, _, has_wzp_v, c_v, _, _, qmin_v, qmax_v, zp_v, n_v, _, doff_v, dstride_v,
+             xzp_v) = args
             intp = boff_v.type
             dot = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(_VI, [_VI] * 3), "llvm.x86.avx512.vpdpbusd.512")
             ones = ir.Constant(_VI, [0x01010101] * LANES)
             buf_p, wq_p, dst_p = arr[0].data, arr[8].data, arr[21].data
-            init = _load_vec(builder, arr[11].data, c_v, _VI)
+            init = builder.mul(_load_vec(builder, arr[11].data, c_v, _VI),
+                               _splat(builder, builder.trunc(xzp_v, _I32), _VI))
             wzp_vec = _load_vec(builder, arr[12].data, c_v, _VI)
             if requant:
                 bias_vec = _load_vec(builder, arr[15].data, c_v, _VF)
@@ -303,19 +413,12 @@ def _requant_codegen(builder: ir.IRBuilder, acc: ir.Value, bias: ir.Value, mult:
 
 
 @njit(cache=True)
-def _channel_constants(xzp, wterm, mult, bias_f, mode):
-    """(C16,) ``cterm = xzp * wterm`` (int32, wrapping as int32 does), multiplier and
-    float bias (mode 0), zero past C. Plain loops: no parallel regions for these."""
-    c16 = wterm.shape[0]
-    cterm = np.empty(c16, np.int32)
-    mult16 = np.empty(c16, np.float32)
-    bias16 = np.empty(c16, np.float32)
+def _padded16(values, c16):
+    """float32 ``values`` zero-padded to length c16 (plain loop: no parallel region)."""
+    res = np.empty(c16, np.float32)
     for c in range(c16):
-        cterm[c] = np.int32(xzp) * wterm[c]
-        inside = c < mult.shape[0]
-        mult16[c] = mult[c] if inside else np.float32(0)
-        bias16[c] = bias_f[c] if inside and mode == 0 else np.float32(0)
-    return cterm, mult16, bias16
+        res[c] = values[c] if c < values.shape[0] else np.float32(0)
+    return res
 
 
 @njit(inline="always")
@@ -337,8 +440,10 @@ def _row_source(k, rows, n, od, oh, geo, x_shape, xzp):
 def conv_depthwise_vnni(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, nchunks, mode, mult,
                         bias_f, bias_i, zp, lo, hi, out):
     """Depthwise conv by ``vpdpbusd`` (module doc): ``wq``, ``wterm``, ``wzp`` and
-    ``has_wzp`` from :func:`pack_weights`; output rows split into ``nchunks`` runs."""
-    n_img, w_in, chans = x.shape[0], x.shape[3], x.shape[4]
+    ``has_wzp`` from :func:`pack_weights`. ``nchunks`` workers (one per thread) take
+    output rows in runs from a shared atomic counter, so a worker slowed down by
+    another process on its core does not hold the others up."""
+    n_img, w_in = x.shape[0], x.shape[3]
     kh_n, kw_n = geo[1], geo[2]
     od_n, oh_n, ow_n = geo[12], geo[13], geo[14]
     sw, pw, dw = geo[5], geo[8], geo[11]
@@ -351,49 +456,85 @@ def conv_depthwise_vnni(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, nchunks, mod
     bx_lo, bx_hi = min(pw, wb), max(min(pw, wb), min(wb, pw + w_in))
     xflat = x.reshape(-1)
     oflat = out.reshape(-1)
-    cterm, mult16, bias16 = _channel_constants(xzp, wterm, mult, bias_f, mode)
+    ragged = c16 != x.shape[4]
+    mult16 = _padded16(mult, c16) if ragged else mult
+    bias16 = _padded16(bias_f, c16) if ragged and mode == 0 else bias_f
     qmin, qmax = np.float32(lo - zp), np.float32(hi - zp)
-    nvec = c16 // 16
     total = n_img * od_n * oh_n
-    for t in prange(nchunks):
+    grab = max(1, total // (8 * nchunks))  # rows a thread takes at a time
+    next_row = np.empty(1, np.int64)
+    next_row[0] = 0
+    for _worker in prange(nchunks):
         buf = np.empty(ngroups * plane, np.uint8)
         scratch = np.empty(ow_n * c16 if mode != 0 else 16, np.int32)
+        buf32 = buf.view(np.int32)
         for g in range(ngroups):  # columns outside the input: the zero point
+            lanes = 0  # the int32 lane of 4 bytes: xzp in kernel rows, 0 past them
+            for r in range(4):
+                if 4 * g + r < rows:
+                    lanes |= xzp << (8 * r)
+            fill = np.int32(np.uint32(lanes))
             for bx in range(wb):
                 if bx < bx_lo or bx >= bx_hi:
+                    base = (g * plane + bx * col) // 4
                     for c in range(c16):
-                        for r in range(4):
-                            fill = xzp if 4 * g + r < rows else 0
-                            buf[g * plane + bx * col + 4 * c + r] = fill
-        for row in range(t * total // nchunks, (t + 1) * total // nchunks):
-            n = row // (od_n * oh_n)
-            od = (row // oh_n) % od_n
-            oh = row % oh_n
-            for g in range(ngroups):
-                o0, v0, f0 = _row_source(4 * g, rows, n, od, oh, geo, x.shape, xzp)
-                o1, v1, f1 = _row_source(4 * g + 1, rows, n, od, oh, geo, x.shape, xzp)
-                o2, v2, f2 = _row_source(4 * g + 2, rows, n, od, oh, geo, x.shape, xzp)
-                o3, v3, f3 = _row_source(4 * g + 3, rows, n, od, oh, geo, x.shape, xzp)
-                xb = (bx_lo - pw) * chans
-                interleave_rows(xflat, (o0 + xb, o1 + xb, o2 + xb, o3 + xb), (v0, v1, v2, v3),
-                                (f0, f1, f2, f3), flip, chans, bx_hi - bx_lo, buf,
-                                g * plane + bx_lo * col)
-            m0 = row * ow_n
-            for j in range(nvec):
-                if mode == 0:
-                    dw_row_requant(buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n,
-                                   wq, 64 * j, col, cterm, wzp, has_wzp, 16 * j, bias16, mult16,
-                                   qmin, qmax, zp, chans - 16 * j, oflat, m0 * chans + 16 * j,
-                                   chans)
-                else:
-                    dw_row_acc(buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n,
-                               wq, 64 * j, col, cterm, wzp, has_wzp, 16 * j, bias16, mult16,
-                               qmin, qmax, zp, 16, scratch, 16 * j, c16)
-            if mode != 0:
-                for ow in range(ow_n):
-                    for c in range(chans):
-                        out[m0 + ow, c] = _epilogue(scratch[ow * c16 + c], c, mode, mult,
-                                                    bias_f, bias_i, zp, lo, hi)
+                        buf32[base + c] = fill
+        while True:
+            first = fetch_add(next_row, grab)
+            if first >= total:
+                break
+            for row in range(first, min(total, first + grab)):
+                _depthwise_row(row, xflat, x.shape, flip, xzp, wq, wterm, wzp, has_wzp, geo,
+                               buf, scratch, mode, mult, bias_f, bias_i, zp, lo, hi, mult16,
+                               bias16, qmin, qmax, oflat, out)
+
+
+@njit(inline="always")
+def _depthwise_row(row, xflat, x_shape, flip, xzp, wq, wterm, wzp, has_wzp, geo, buf, scratch,
+                   mode, mult, bias_f, bias_i, zp, lo, hi, mult16, bias16, qmin, qmax, oflat,
+                   out):
+    """One output row (n, od, oh): interleave its input rows into ``buf``, then every
+    16-channel block of its pixels (see :func:`conv_depthwise_vnni`)."""
+    chans = x_shape[4]
+    kh_n, kw_n = geo[1], geo[2]
+    od_n, oh_n, ow_n = geo[12], geo[13], geo[14]
+    sw, pw, dw = geo[5], geo[8], geo[11]
+    rows = geo[0] * kh_n
+    ngroups = (rows + 3) // 4
+    c16 = wterm.shape[0]
+    col = c16 * 4
+    wb = (ow_n - 1) * sw + (kw_n - 1) * dw + 1
+    plane = wb * col
+    bx_lo, bx_hi = min(pw, wb), max(min(pw, wb), min(wb, pw + x_shape[3]))
+    nvec = c16 // 16
+    n = row // (od_n * oh_n)
+    od = (row // oh_n) % od_n
+    oh = row % oh_n
+    for g in range(ngroups):
+        o0, v0, f0 = _row_source(4 * g, rows, n, od, oh, geo, x_shape, xzp)
+        o1, v1, f1 = _row_source(4 * g + 1, rows, n, od, oh, geo, x_shape, xzp)
+        o2, v2, f2 = _row_source(4 * g + 2, rows, n, od, oh, geo, x_shape, xzp)
+        o3, v3, f3 = _row_source(4 * g + 3, rows, n, od, oh, geo, x_shape, xzp)
+        xb = (bx_lo - pw) * chans
+        interleave_rows(xflat, (o0 + xb, o1 + xb, o2 + xb, o3 + xb), (v0, v1, v2, v3),
+                        (f0, f1, f2, f3), flip, chans, bx_hi - bx_lo, buf,
+                        g * plane + bx_lo * col)
+    m0 = row * ow_n
+    for j in range(nvec):
+        if mode == 0:
+            dw_row_requant(buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n,
+                           wq, 64 * j, col, wterm, wzp, has_wzp, 16 * j, bias16, mult16,
+                           qmin, qmax, zp, chans - 16 * j, oflat, m0 * chans + 16 * j,
+                           chans, xzp)
+        else:
+            dw_row_acc(buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n,
+                       wq, 64 * j, col, wterm, wzp, has_wzp, 16 * j, bias16, mult16,
+                       qmin, qmax, zp, 16, scratch, 16 * j, c16, xzp)
+    if mode != 0:
+        for ow in range(ow_n):
+            for c in range(chans):
+                out[m0 + ow, c] = _epilogue(scratch[ow * c16 + c], c, mode, mult,
+                                            bias_f, bias_i, zp, lo, hi)
 
 
 @njit(parallel=True, fastmath={"contract"}, cache=True)
