@@ -156,7 +156,9 @@ def interleave_rows(typingctx, x, off, valid, fill, flip, chans, ncols, buf, bof
     ``valid[r]``, else ``fill[r]`` (also for the padding channels c >= chans).
     ``off``, ``valid``, ``fill``: 4-tuples of ints, one per kernel row r of the group;
     every ``off[r]`` must address a row of x, valid or not (invalid rows are read and
-    replaced). Channels go in blocks of 64, 32 and 16, then a masked tail."""
+    replaced). With ``chans % 16 == 0`` buffer columns are exactly 4x the input's, and
+    the ``ncols * chans`` bytes of each row go as one run; otherwise column by column.
+    Runs go in blocks of 64, 32 and 16 bytes, then a masked tail."""
     intp_t = types.intp
     tup = types.UniTuple(intp_t, 4)
     sig = types.void(x, tup, tup, tup, intp_t, intp_t, intp_t, buf, intp_t)
@@ -172,11 +174,6 @@ def interleave_rows(typingctx, x, off, valid, fill, flip, chans, ncols, buf, bof
 
         nvec = builder.sdiv(builder.add(chans_v, const(LANES - 1)), const(LANES))
         col = builder.mul(nvec, const(4 * LANES))
-        n64 = builder.sdiv(chans_v, const(64))
-        rest = builder.srem(chans_v, const(64))
-        has32 = builder.icmp_signed(">=", rest, const(32))
-        n16 = builder.sdiv(builder.srem(rest, const(32)), const(LANES))
-        tail = builder.srem(chans_v, const(LANES))
         flip8 = builder.trunc(flip_v, _I8)
         oks = [builder.icmp_signed("!=", builder.extract_value(valid_t, r), const(0))
                for r in range(4)]
@@ -203,8 +200,8 @@ def interleave_rows(typingctx, x, off, valid, fill, flip, chans, ncols, buf, bof
             return rows
 
         def block(xcol: ir.Value, bcol: ir.Value, c: ir.Value, width: int, masked: bool,
-                  flipped: bool, three: bool) -> None:
-            lanes = _lane_mask(builder, builder.sub(chans_v, c)) if masked else None
+                  flipped: bool, three: bool, run: ir.Value) -> None:
+            lanes = _lane_mask(builder, builder.sub(run, c)) if masked else None
             rows = load_rows(xcol, c, width, 3 if three else 4, flipped, lanes)
             if three:
                 rows.append(ir.Constant(ir.VectorType(_I8, width), None))
@@ -232,30 +229,45 @@ def interleave_rows(typingctx, x, off, valid, fill, flip, chans, ncols, buf, bof
                 builder.add(rest, const(LANES - 1)), const(LANES))
             _interleave3_vbmi(builder, rows, nblocks, store)
 
-        def columns(flipped: bool, three: bool) -> None:
-            with cgutils.for_range(builder, ncols_v) as cl:
-                xcol = builder.mul(cl.index, chans_v)
+        def columns(flipped: bool, three: bool, ncols: ir.Value, run: ir.Value) -> None:
+            """``ncols`` runs of ``run`` input bytes each (x stride ``run``, buffer
+            stride ``col``)."""
+            n64 = builder.sdiv(run, const(64))
+            rest = builder.srem(run, const(64))
+            has32 = builder.icmp_signed(">=", rest, const(32))
+            n16 = builder.sdiv(builder.srem(rest, const(32)), const(LANES))
+            tail = builder.srem(run, const(LANES))
+            with cgutils.for_range(builder, ncols) as cl:
+                xcol = builder.mul(cl.index, run)
                 bcol = builder.add(boff_v, builder.mul(cl.index, col))
                 if three and HAS_VBMI:
                     with cgutils.for_range(builder, n64) as bl:
                         block64_vbmi(xcol, bcol, builder.mul(bl.index, const(64)), flipped,
                                      None)
-                    rest64 = builder.srem(chans_v, const(64))
-                    with builder.if_then(builder.icmp_signed("!=", rest64, const(0))):
-                        block64_vbmi(xcol, bcol, builder.mul(n64, const(64)), flipped, rest64)
+                    with builder.if_then(builder.icmp_signed("!=", rest, const(0))):
+                        block64_vbmi(xcol, bcol, builder.mul(n64, const(64)), flipped, rest)
                     return
                 with cgutils.for_range(builder, n64) as bl:
                     block(xcol, bcol, builder.mul(bl.index, const(64)), 64, False, flipped,
-                          three)
+                          three, run)
                 c32 = builder.mul(n64, const(64))
                 with builder.if_then(has32):
-                    block(xcol, bcol, c32, 32, False, flipped, three)
+                    block(xcol, bcol, c32, 32, False, flipped, three, run)
                 c16 = builder.add(c32, builder.select(has32, const(32), const(0)))
                 with cgutils.for_range(builder, n16) as vl:
                     block(xcol, bcol, builder.add(c16, builder.mul(vl.index, const(LANES))),
-                          LANES, False, flipped, three)
+                          LANES, False, flipped, three, run)
                 with builder.if_then(builder.icmp_signed("!=", tail, const(0))):
-                    block(xcol, bcol, builder.sub(chans_v, tail), LANES, True, flipped, three)
+                    block(xcol, bcol, builder.sub(run, tail), LANES, True, flipped, three,
+                          run)
+
+        def runs(flipped: bool, three: bool) -> None:
+            dense = builder.icmp_signed("==", builder.srem(chans_v, const(LANES)), const(0))
+            with builder.if_else(dense) as (one_run, per_column):
+                with one_run:
+                    columns(flipped, three, const(1), builder.mul(ncols_v, chans_v))
+                with per_column:
+                    columns(flipped, three, ncols_v, chans_v)
 
         # a fourth row that is past the kernel (invalid, fill 0) is a constant zero
         absent3 = builder.and_(builder.not_(oks[3]), builder.icmp_signed(
@@ -265,9 +277,9 @@ def interleave_rows(typingctx, x, off, valid, fill, flip, chans, ncols, buf, bof
             for block_ctx, three in ((three_rows, True), (four_rows, False)):
                 with block_ctx, builder.if_else(flipped) as (yes, no):
                     with yes:
-                        columns(True, three)
+                        runs(True, three)
                     with no:
-                        columns(False, three)
+                        runs(False, three)
         return context.get_dummy_value()
 
     return sig, codegen
