@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import convengine as ce
-from convengine.algorithms import winograd
+from convengine.algorithms import _fma, winograd
 from convengine.registry import get
 
 # max |got - ref| / max |ref| for float32 inputs with unit-normal data; measured
@@ -22,6 +22,10 @@ CASES = [
     ("2d-wide", (3, 16, 6, 17), 24, 1),
     ("1d-pad1", (2, 8, 17), 4, 1),
     ("1d-valid-short", (1, 3, 3), 5, 0),
+    # channel counts with whole 512-bit groups, partial groups and several 64-wide
+    # output panels (vector transforms, scalar tails, zero-padded weight panels)
+    ("2d-vector-tails", (2, 40, 13, 11), 72, 1),
+    ("1d-vector-tails", (3, 48, 29), 80, ((1, 2),)),
 ]
 
 
@@ -159,3 +163,84 @@ def test_specials_propagate_as_direct(special, where) -> None:
         got = ce.conv(x, w, padding=1, algo=algo)
         np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
         np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+
+
+def _threads(n: int):
+    """Context: convengine runs ``n`` threads inside, the old count restored after."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def scope():
+        old = ce.get_num_threads()
+        ce.set_num_threads(n)
+        try:
+            yield
+        finally:
+            ce.set_num_threads(old)
+
+    return scope()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kc", [1, 7, 33])
+def test_micro_kernel_against_float64_matmul(dtype, kc) -> None:
+    """gemm_6xnr: c[r, :] = a[r, :kc] @ b for r < mr, rows from mr on left untouched."""
+    from numba import njit
+
+    @njit
+    def call(a, b, c, kc, mr):
+        _fma.gemm_6xnr(a, 2, a.shape[1], b, 0, kc, mr, c, c.shape[1], c.shape[1])
+
+    width = _fma.nr(np.dtype(dtype).itemsize)
+    rng = np.random.default_rng(kc)
+    a = rng.standard_normal((_fma.MR, kc + 2)).astype(dtype)
+    b = rng.standard_normal((kc, width)).astype(dtype)
+    for mr in range(1, _fma.MR + 1):
+        c = np.full((_fma.MR + 1, width), -7.0, dtype)
+        call(a, b, c, kc, mr)
+        ref = a[:mr, 2:].astype(np.float64) @ b.astype(np.float64)
+        np.testing.assert_allclose(c[1:mr + 1], ref, rtol=0, atol=1e-5 * max(1, kc))
+        assert (c[0] == -7).all() and (c[mr + 1:] == -7).all()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("batch", "size", "channels"), [(1, 6, 144), (3, 30, 24)])
+def test_plans_agree_with_reference(threads, batch, size, channels) -> None:
+    """Few tiles and many output channels (split over threads) and many tiles in
+    several blocks per thread both match the float64 reference."""
+    rng = np.random.default_rng(size)
+    x = rng.standard_normal((batch, size, size, channels)).astype(np.float32)
+    w = rng.standard_normal((channels, 3, 3, channels)).astype(np.float32)
+    ref = ce.conv(x.astype(np.float64), w.astype(np.float64), padding=1, layout="NHWC",
+                  algo="reference")
+    with _threads(threads):
+        problem = ce.explain(x, w, padding=1, layout="NHWC").problem
+        parts, parts_k, block = winograd._plan(problem, 4)
+        assert parts == threads and block % _fma.MR == 0
+        tiles = batch * (-(-size // 4)) ** 2
+        assert parts_k == (threads if batch == 1 else 1)
+        assert block < tiles or batch == 1  # several blocks where tiles are many
+        for algo in TOLERANCE:
+            got = ce.conv(x, w, padding=1, layout="NHWC", algo=algo)
+            assert_rel_close(got, ref, TOLERANCE[algo])
+
+
+def test_float64_vector_path_is_near_exact() -> None:
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((1, 40, 9, 12)), rng.standard_normal((36, 40, 3, 3))
+    ref = ce.conv(x, w, padding=1, algo="reference")
+    for algo in TOLERANCE:
+        assert_rel_close(ce.conv(x, w, padding=1, algo=algo), ref, 1e-13)
+
+
+def test_overflow_in_the_transforms_falls_back_to_direct() -> None:
+    """Finite inputs whose transforms overflow (3e38 + 3e38, 4 * 3e38) give direct's
+    (finite) result."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 16, 8, 8)).astype(np.float32)
+    w = (rng.standard_normal((16, 16, 3, 3)) * 1e-4).astype(np.float32)
+    x[0, 3, 2:7, 2:7] = 3e38
+    expected = ce.conv(x, w, padding=1, algo="direct")
+    assert np.isfinite(expected).all()
+    for algo in TOLERANCE:
+        np.testing.assert_array_equal(ce.conv(x, w, padding=1, algo=algo), expected)

@@ -1,4 +1,6 @@
-"""A register-blocked floating-point GEMM micro-kernel in 512-bit vectors (numba ``@intrinsic``).
+"""512-bit vector kernels for the fused Winograd convolution (numba ``@intrinsic``).
+
+A register-blocked GEMM micro-kernel:
 
 ``gemm_6xnr(a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc)`` sets, for rows
 ``r < mr`` (``mr <= 6``) and columns ``col < NR`` of the operands' dtype
@@ -12,10 +14,15 @@ that LLVM keeps in zmm registers, updated by ``llvm.fma`` on ``<16 x float>`` (o
 ``<8 x double>``): LLVM's default for this CPU would use 256-bit vectors; spelling
 the vectors out gets 512-bit ones. The sum over ``k`` runs in order, one rounding
 per fused multiply-add.
+
+And ``make_sandwich(left, right, check)``: the Winograd tile transforms
+``left @ S @ right^T`` over 16 (or 8) channels at a time, generated from the
+constant matrices with their shared sub-sums factored out (see ``_matvec``).
 """
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -93,3 +100,133 @@ def gemm_6xnr(typingctx, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _combine(builder: ir.IRBuilder, fma: ir.Function, coefs, values: list) -> ir.Value:
+    """``sum coefs[k] * values[k]`` over the nonzero coefficients: adds and subtracts
+    for +-1, fused multiply-adds by splat constants otherwise."""
+    vec = values[0].type
+    total = None
+    for coef, value in zip(coefs, values):
+        coef = float(coef)
+        if coef == 0:
+            continue
+        if total is None:
+            total = (value if coef == 1 else builder.fneg(value) if coef == -1
+                     else builder.fmul(ir.Constant(vec, [coef] * vec.count), value))
+        elif abs(coef) == 1:
+            total = builder.fadd(total, value) if coef > 0 else builder.fsub(total, value)
+        else:
+            total = builder.call(fma, [ir.Constant(vec, [coef] * vec.count), value, total])
+    return total if total is not None else ir.Constant(vec, None)
+
+
+def _matvec(builder: ir.IRBuilder, fma: ir.Function, mat: np.ndarray, values: list) -> list:
+    """``mat @ values`` with the shared sub-sums of the Winograd matrices factored out:
+    two inputs whose columns are equal up to sign in every row enter as their sum and
+    difference; two rows equal up to sign in every column share the sums over the
+    columns where their signs agree and where they differ (``e + o``, ``e - o``)."""
+    mat = np.array(mat, dtype=np.float64)
+    cols, vals = [], []
+    used: set[int] = set()
+    for k in range(mat.shape[1]):
+        if k in used:
+            continue
+        pair = next((k2 for k2 in range(k + 1, mat.shape[1]) if k2 not in used
+                     and np.any(mat[:, k]) and np.array_equal(np.abs(mat[:, k]),
+                                                              np.abs(mat[:, k2]))), None)
+        if pair is None:
+            cols.append(mat[:, k])
+            vals.append(values[k])
+            continue
+        used.add(pair)
+        same = mat[:, k] == mat[:, pair]
+        cols += [np.where(same, mat[:, k], 0.0), np.where(same, 0.0, mat[:, k])]
+        vals += [builder.fadd(values[k], values[pair]), builder.fsub(values[k], values[pair])]
+    rows = np.stack(cols, axis=1)
+    out: list = [None] * rows.shape[0]
+    for i in range(rows.shape[0]):
+        if out[i] is not None:
+            continue
+        twin = next((i2 for i2 in range(i + 1, rows.shape[0]) if out[i2] is None
+                     and np.array_equal(np.abs(rows[i]), np.abs(rows[i2]))
+                     and not np.array_equal(rows[i], rows[i2])), None)
+        if twin is None:
+            out[i] = _combine(builder, fma, rows[i], vals)
+            continue
+        agree = rows[i] == rows[twin]
+        e = _combine(builder, fma, np.where(agree, rows[i], 0.0), vals)
+        o = _combine(builder, fma, np.where(agree, 0.0, rows[i]), vals)
+        out[i], out[twin] = builder.fadd(e, o), builder.fsub(e, o)
+    return out
+
+
+def make_sandwich(left, right, check: bool):
+    """An intrinsic ``sandwich(src, s_off, s_rs, s_cs, dst, d_off, d_rs, d_cs, groups,
+    chk)`` computing, in 512-bit vectors, for each channel group ``g < groups``
+    (``lanes`` channels at offset ``g * lanes``; 16 float32 or 8 float64):
+
+        dst[d_off + i * d_rs + j * d_cs + ...] = (left @ S @ right^T)[i, j],
+        S[k, j] = src[s_off + k * s_rs + j * s_cs + ...]
+
+    ``left`` (p, a) and ``right`` (q, b) are constant matrices (the Winograd
+    transforms). ``check``: ``chk[g * lanes + ...]`` gains 0 times the sum of each
+    result row, NaN once a result is NaN or infinite; else chk is untouched."""
+    p, a = left.shape
+    b = right.shape[1]
+
+    def sandwich(typingctx, src, s_off, s_rs, s_cs, dst, d_off, d_rs, d_cs, groups, chk):
+        intp_t = types.intp
+        sig = types.void(src, intp_t, intp_t, intp_t, dst, intp_t, intp_t, intp_t, intp_t, chk)
+
+        def codegen(context, builder, signature, args):
+            scalar = context.get_value_type(signature.args[0].dtype)
+            lanes = VECTOR_BYTES // context.get_abi_sizeof(scalar)
+            vec = ir.VectorType(scalar, lanes)
+            align = VECTOR_BYTES // lanes
+            src_a = context.make_array(signature.args[0])(context, builder, args[0])
+            dst_a = context.make_array(signature.args[4])(context, builder, args[4])
+            chk_a = context.make_array(signature.args[9])(context, builder, args[9])
+            _, s_off_v, s_rs_v, s_cs_v, _, d_off_v, d_rs_v, d_cs_v, groups_v, _ = args
+            intp = s_off_v.type
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vec, [vec, vec, vec]),
+                f"llvm.fma.v{lanes}f{8 * align}")
+
+            def ptr(base, off, i, rs, j, cs, g):
+                idx = builder.add(off, builder.add(
+                    builder.add(builder.mul(rs, ir.Constant(intp, i)),
+                                builder.mul(cs, ir.Constant(intp, j))), g))
+                return builder.bitcast(builder.gep(base, [idx]), vec.as_pointer())
+
+            with cgutils.for_range(builder, groups_v) as loop:
+                g = builder.mul(loop.index, ir.Constant(intp, lanes))
+                cols = []
+                for j in range(b):  # tmp[:, j] = left @ S[:, j]
+                    s = [builder.load(ptr(src_a.data, s_off_v, k, s_rs_v, j, s_cs_v, g),
+                                      align=align) for k in range(a)]
+                    cols.append(_matvec(builder, fma, left, s))
+                for i in range(p):  # dst[i, :] = tmp[i, :] @ right^T
+                    row = [cols[k][i] for k in range(b)]
+                    outs = _matvec(builder, fma, right, row)
+                    for j, value in enumerate(outs):
+                        builder.store(value, ptr(dst_a.data, d_off_v, i, d_rs_v, j, d_cs_v, g),
+                                      align=align)
+                    if check:
+                        total = outs[0]
+                        for value in outs[1:]:
+                            total = builder.fadd(total, value)
+                        cp = builder.bitcast(builder.gep(chk_a.data, [g]), vec.as_pointer())
+                        zero = ir.Constant(vec, None)
+                        builder.store(builder.fadd(builder.load(cp, align=align),
+                                                   builder.fmul(total, zero)), cp, align=align)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return intrinsic(sandwich)
+
+
+def lanes(itemsize: int) -> int:
+    """Elements of ``itemsize`` bytes per 512-bit vector."""
+    return VECTOR_BYTES // itemsize

@@ -37,7 +37,7 @@ from ..problem import ConvProblem
 from ..registry import register
 from ..threads import get_num_threads
 from ._finite import nonfinite
-from ._fma import MR, gemm_6xnr, nr
+from ._fma import MR, gemm_6xnr, lanes, make_sandwich, nr
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_weight
 from .direct import NOALIAS
 
@@ -59,7 +59,9 @@ MATRICES = {
 IDENTITY = ([[1.0]], [[1.0]], [[1.0]])  # the height transform of a 1-D problem
 
 CACHE_BYTES = 256 * 2**20  # bound on the cached weight transforms (and weight copies)
-BLOCK_BYTES = 2**20  # transformed tiles + products of one block (per thread, in L2)
+BLOCK_BYTES = 2**19  # transformed tiles + products of one block (per thread, in L2)
+CACHED_U_BYTES = 2**21  # a thread's share of the packed weights above this: streamed ...
+REUSE_TILES = 36  # ... once per block, so blocks of at least this many tiles
 SPLIT_K_TILES = 24  # fewer tiles per thread: threads split the output channels instead
 
 
@@ -104,27 +106,31 @@ def _combination(coefs: np.ndarray, names: list[str]) -> str:
 
 
 def _sandwich_source(name: str, args: str, left: np.ndarray, right: np.ndarray,
-                     src: str, dst: str, width: str) -> str:
+                     src: str, dst: str, width: str, check: bool = False) -> str:
     """Source of ``name(args)``: ``dst(i, j)[c] = (left @ S[c] @ right^T)[i, j]`` for
-    ``c < width`` with ``S[c][k, j] = src(k, j)[c]``, coefficients as literals.
+    ``lo <= c < width`` with ``S[c][k, j] = src(k, j)[c]``, coefficients as literals.
     ``src``/``dst`` are index templates over ``{k}``/``{i}`` (tile row), ``{j}``
     (column) and ``{kj}``/``{ij}`` (row-major position). One short loop over channels
     per column (into ``tmp``) and per row (into dst): LLVM vectorises each, which it
-    does not for one loop holding the whole tile."""
+    does not for one loop holding the whole tile. ``check``: ``chk[c]`` gains 0 times
+    the sum of each result row (NaN once a result is NaN or infinite)."""
     (p, a), (q, b) = left.shape, right.shape
     lines = [f"def {name}({args}):"]
     for j in range(b):  # tmp[:, j] = left @ S[:, j]
-        lines.append(f"    for c in range({width}):")
+        lines.append(f"    for c in range(lo, {width}):")
         lines += [f"        s{k} = " + src.format(k=k, j=j, kj=k * b + j) for k in range(a)]
         for i in range(p):
             expr = _combination(left[i], [f"s{k}" for k in range(a)])
             lines.append(f"        tmp[{i * b + j}, c] = {expr}")
     for i in range(p):  # dst[i, :] = tmp[i, :] @ right^T
-        lines.append(f"    for c in range({width}):")
+        lines.append(f"    for c in range(lo, {width}):")
         lines += [f"        t{k} = tmp[{i * b + k}, c]" for k in range(b)]
         for j in range(q):
             expr = _combination(right[j], [f"t{k}" for k in range(b)])
-            lines.append("        " + dst.format(i=i, j=j, ij=i * q + j) + f" = {expr}")
+            lines.append(f"        d{j} = {expr}")
+            lines.append("        " + dst.format(i=i, j=j, ij=i * q + j) + f" = d{j}")
+        if check:
+            lines.append(f"        chk[c] += ({' + '.join(f'd{j}' for j in range(q))}) * F(0)")
     return "\n".join(lines) + "\n"
 
 
@@ -144,20 +150,47 @@ def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
     alpha^2 GEMMs ``prod[p][a] = v[p][a] @ up[kb, a]`` by the register-blocked
     micro-kernel, then the output transform cropped into y. Interior tiles are read
     straight from x, tiles meeting the padding or far edges from a zero-padded copy.
-    ``check[p]`` gains ``y - y`` of every output written: NaN iff one was not finite."""
+    ``check[p]`` gains 0 times sums of outputs: NaN if one was not finite."""
     key = (ndim, m, np.dtype(dtype).name)
     if key in _KERNELS:
         return _KERNELS[key]
     bth, btw, _, _, ath, atw = _matrices(ndim, m)
     scope: dict[str, Any] = {"F": np.dtype(dtype).type}
-    exec(_sandwich_source("transform_in", "src, tmp, dst, t", bth, btw,  # noqa: S102
-                          "src[{k}, {j}, c]", "dst[{ij}, t, c]", "src.shape[2]"), scope)
-    exec(_sandwich_source("transform_out", "src, t, tmp, dst, nc", ath, atw,  # noqa: S102
-                          "src[{kj}, t, c]", "dst[{ij}, c]", "nc"), scope)
-    transform_in = njit(**NOALIAS)(scope["transform_in"])
-    transform_out = njit(**NOALIAS)(scope["transform_out"])
+    exec(_sandwich_source(  # noqa: S102
+        "transform_in", "src, n, h0, w0, tmp, dst, t, lo", bth, btw,
+        "src[n, h0 + {k}, w0 + {j}, c]", "dst[{ij}, t, c]", "src.shape[3]"), scope)
+    exec(_sandwich_source(  # noqa: S102
+        "transform_out", "src, t, tmp, dst, n, h0, w0, k0, lo, nc, chk", ath, atw,
+        "src[{kj}, t, c]", "dst[n, h0 + {i}, w0 + {j}, k0 + c]", "nc", check=True), scope)
+    tail_in = njit(**NOALIAS)(scope["transform_in"])
+    tail_out = njit(**NOALIAS)(scope["transform_out"])
+    vector_in = make_sandwich(bth, btw, check=False)
+    vector_out = make_sandwich(ath, atw, check=True)
     ah, aw, mh, mw = bth.shape[0], btw.shape[0], ath.shape[0], atw.shape[0]
     alpha2, width = ah * aw, nr(np.dtype(dtype).itemsize)
+    vec = lanes(np.dtype(dtype).itemsize)
+
+    @njit(**NOALIAS)
+    def transform_in(src, n, h0, w0, tmp, v, t, chk):
+        """Tile at src[n, h0:h0 + ah, w0:w0 + aw] -> v[:, t]."""
+        _, h_, w_, c_ = src.shape
+        block = v.shape[1]
+        lo = c_ // vec * vec
+        vector_in(src, ((n * h_ + h0) * w_ + w0) * c_, w_ * c_, c_, v, t * c_,
+                  aw * block * c_, block * c_, c_ // vec, chk)
+        if lo < c_:
+            tail_in(src, n, h0, w0, tmp, v, t, lo)
+
+    @njit(**NOALIAS)
+    def transform_out(prod, t, tmp, y, n, h0, w0, k0, nc, chk):
+        """prod[:, t, :nc] -> y[n, h0:h0 + mh, w0:w0 + mw, k0:k0 + nc]."""
+        _, oh_, ow_, o_ = y.shape
+        block = prod.shape[1]
+        lo = nc // vec * vec
+        vector_out(prod, t * width, aw * block * width, block * width, y,
+                   ((n * oh_ + h0) * ow_ + w0) * o_ + k0, ow_ * o_, o_, nc // vec, chk)
+        if lo < nc:
+            tail_out(prod, t, tmp, y, n, h0, w0, k0, lo, nc, chk)
 
     @njit(parallel=True, **NOALIAS)
     def fused(x, up, y, pad_h, pad_w, tiles_h, tiles_w, block, parts_k,  # noqa: PLR0913
@@ -169,10 +202,10 @@ def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
         for p in prange(parts):
             pt, pk = p // parts_k, p % parts_k
             v, prod, chk = v_all[p], prod_all[p], check[p]
-            patch = np.zeros((ah, aw, c_), dtype=x.dtype)
+            patch = np.zeros((1, ah, aw, c_), dtype=x.dtype)
             tmp_in = np.empty((alpha2, c_), dtype=x.dtype)
             tmp_out = np.empty((mh * aw, width), dtype=x.dtype)
-            res = np.empty((mh * mw, width), dtype=x.dtype)
+            res = np.empty((1, mh, mw, width), dtype=x.dtype)
             end = (pt + 1) * total // parts_t
             for t0 in range(pt * total // parts_t, end, block):
                 b = min(block, end - t0)
@@ -182,16 +215,15 @@ def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
                     h0 = (tile // tiles_w) % tiles_h * mh - pad_h
                     w0 = tile % tiles_w * mw - pad_w
                     if h0 >= 0 and w0 >= 0 and h0 + ah <= h_ and w0 + aw <= w_:
-                        transform_in(x[n, h0:h0 + ah, w0:w0 + aw], tmp_in, v, t)
+                        transform_in(x, n, h0, w0, tmp_in, v, t, chk)
                         continue
                     for k in range(ah):
                         for j in range(aw):
                             ih, iw = h0 + k, w0 + j
-                            if 0 <= ih < h_ and 0 <= iw < w_:
-                                patch[k, j] = x[n, ih, iw]
-                            else:
-                                patch[k, j] = 0
-                    transform_in(patch, tmp_in, v, t)
+                            inside = 0 <= ih < h_ and 0 <= iw < w_
+                            for c in range(c_):
+                                patch[0, k, j, c] = x[n, ih, iw, c] if inside else 0
+                    transform_in(patch, 0, 0, 0, tmp_in, v, t, chk)
                 for kb in range(pk * nkb // parts_k, (pk + 1) * nkb // parts_k):
                     for a in range(alpha2):
                         u_off = (kb * alpha2 + a) * c_ * width
@@ -205,14 +237,14 @@ def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
                         n = tile // (tiles_h * tiles_w)
                         h0 = (tile // tiles_w) % tiles_h * mh
                         w0 = tile % tiles_w * mw
-                        transform_out(prod, t, tmp_out, res, nc)
+                        if h0 + mh <= oh_ and w0 + mw <= ow_:
+                            transform_out(prod, t, tmp_out, y, n, h0, w0, k0, nc, chk)
+                            continue
+                        transform_out(prod, t, tmp_out, res, 0, 0, 0, 0, nc, chk)
                         for i in range(min(mh, oh_ - h0)):
                             for j in range(min(mw, ow_ - w0)):
-                                out = y[n, h0 + i, w0 + j, k0:k0 + nc]
-                                val = res[i * mw + j]
                                 for c in range(nc):
-                                    out[c] = val[c]
-                                    chk[c] += val[c] - val[c]
+                                    y[n, h0 + i, w0 + j, k0 + c] = res[0, i, j, c]
 
     _KERNELS[key] = fused
     return fused
@@ -307,7 +339,8 @@ def _plan(problem: ConvProblem, m: int) -> tuple[int, int, int]:
     over the threads (parts_k = parts) when the tiles are too few to share out
     (each thread then reads only its share of the transformed weights); tiles go
     through the GEMMs ``block`` at a time, a multiple of the micro-kernel's rows
-    with about BLOCK_BYTES of transformed tiles and products."""
+    with about BLOCK_BYTES of transformed tiles and products, or REUSE_TILES when the
+    thread's share of the packed weights does not stay in its cache."""
     parts = get_num_threads()
     th, tw = _tiles(problem, m)
     total = problem.batch * th * tw
@@ -316,8 +349,11 @@ def _plan(problem: ConvProblem, m: int) -> tuple[int, int, int]:
     split_k = parts > 1 and nkb >= parts and total < parts * SPLIT_K_TILES
     parts_k = parts if split_k else 1
     share = -(-total // (parts // parts_k))
-    per_tile = (m + 2) ** problem.ndim * (problem.in_channels + width)
-    most = max(MR, BLOCK_BYTES // (per_tile * problem.compute_dtype.itemsize) // MR * MR)
+    alpha2, itemsize = (m + 2) ** problem.ndim, problem.compute_dtype.itemsize
+    most = BLOCK_BYTES // (alpha2 * (problem.in_channels + width) * itemsize)
+    if alpha2 * problem.in_channels * nkb * width * itemsize > CACHED_U_BYTES * parts_k:
+        most = max(most, REUSE_TILES)
+    most = max(MR, most // MR * MR)
     per_block = -(-share // -(-share // most))  # equal blocks of at most ``most``
     return parts, parts_k, -(-per_block // MR) * MR
 
