@@ -7,6 +7,7 @@ from . import algorithms as _algorithms  # noqa: F401  (registers every algorith
 from ._version import __version__
 from .api import conv, conv_backward_data, conv_backward_weight, conv_transpose, explain
 from .errors import ConvSetupError
+from .exactness import allow_inexact, inexact_allowed
 from .graph import Graph, Plan, PlanCache
 from .problem import ConvProblem
 from .quant import dequantize, qconv, quantize, quantize_per_channel, requantize
@@ -26,6 +27,7 @@ __all__ = [
     "TuningCacheWarning",
     "__version__",
     "algorithms",
+    "allow_inexact",
     "conv",
     "conv_backward_data",
     "conv_backward_weight",
@@ -34,6 +36,7 @@ __all__ = [
     "explain",
     "get_num_threads",
     "get_tuning",
+    "inexact_allowed",
     "qconv",
     "quantize",
     "quantize_per_channel",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import registry
+from . import exactness, registry
 from .errors import ConvSetupError
 from .problem import ConvProblem
 from .registry import Algorithm
@@ -46,11 +46,12 @@ def _preference(problem: ConvProblem) -> list[str]:
 
 
 def _suits(problem: ConvProblem, algo: Algorithm) -> bool:
-    """Speed and accuracy rules on top of ``supports``: float64 callers get exact
-    algorithms only; inexact ones (Winograd) and implicit_gemm's per-tap GEMMs only
-    from 16 channels, Winograd only on outputs of ``WINOGRAD_MIN_OUTPUT`` or more per
-    dim; ``blocked`` only below ``BLOCKED_MAX_CHANNELS`` input channels."""
-    if not algo.exact and problem.dtype == "float64":
+    """Speed and accuracy rules on top of ``supports``: exact algorithms only where
+    ``exactness`` says so (float64, or inexact ones switched off); inexact ones
+    (Winograd) and implicit_gemm's per-tap GEMMs only from 16 channels, Winograd only
+    on outputs of ``WINOGRAD_MIN_OUTPUT`` or more per dim; ``blocked`` only below
+    ``BLOCKED_MAX_CHANNELS`` input channels."""
+    if not exactness.eligible(algo, problem):
         return False
     if algo.name == "implicit_gemm" and problem.in_channels < 16:
         return False

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import registry, threads
+from .. import exactness, registry, threads
 from ..errors import ConvSetupError
 from ..problem import ConvProblem
 from ..registry import Algorithm
@@ -71,8 +71,10 @@ def default_cache() -> TuningCache:
 
 def ident(problem: ConvProblem) -> Ident:
     """(key, host, version, candidates): the key also names the thread count, which
-    changes the ranking as much as the problem does."""
+    changes the ranking as much as the problem does, and an exact-only setting."""
     key = f"{keys.key_text(problem)} T{threads.get_num_threads()}"
+    if not exactness.inexact_allowed():
+        key += " exact-only"  # measured without the inexact candidates
     return (key, keys.host_signature(), keys.version(), keys.candidate_checksum(problem.pass_))
 
 
@@ -81,18 +83,14 @@ def _accuracy(pass_: str) -> dict[str, int]:
     return {a.name: 2 * a.accuracy + a.exact for a in registry.all_for(pass_)}
 
 
-def _eligible(algo: Algorithm, problem: ConvProblem) -> bool:
-    """float64 callers get exact algorithms only (as the heuristic does)."""
-    return algo.exact or problem.dtype != "float64"
-
-
 def pick(entry: Entry, problem: ConvProblem) -> Algorithm | None:
     """The best measured algorithm of ``entry`` that serves this exact problem
     (problems of one bucket can differ in what an algorithm supports)."""
     registered = {a.name: a for a in registry.all_for(problem.pass_)}
     for name in bench.rank(entry.results, _accuracy(problem.pass_)):
         algo = registered.get(name)
-        if algo is not None and algo.supports(problem) is None and _eligible(algo, problem):
+        if (algo is not None and algo.supports(problem) is None
+                and exactness.eligible(algo, problem)):
             return algo
     return None
 
@@ -131,7 +129,7 @@ def tune_problem(problem: ConvProblem, *, force: bool = False) -> TuneResult:
         if entry is not None and cached is not None:  # else: measure this very problem
             return TuneResult(problem, key[0], cached.name, entry.results, "cache")
         candidates = [a for a in registry.all_for(problem.pass_)
-                      if a.supports(problem) is None and _eligible(a, problem)]
+                      if a.supports(problem) is None and exactness.eligible(a, problem)]
         results = bench.benchmark(problem, candidates)
         ranked = bench.rank(results, _accuracy(problem.pass_))
         if not ranked:
