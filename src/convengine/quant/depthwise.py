@@ -116,13 +116,13 @@ def _interleave4(builder: ir.IRBuilder, rows: list[ir.Value], width: int) -> ir.
 def _interleave3_vbmi(builder: ir.IRBuilder, rows: list[ir.Value], nblocks: ir.Value,
                       store: Any) -> None:
     """Three <64 x i8> rows -> ``nblocks`` (1-4) <64 x i8> blocks of 16 channels, block
-    k holding ``[r0, r1, r2, 0]`` lanes of channels 16 k + i (as :func:`_interleave4`
-    with a zero fourth row), each passed to ``store(k, block)``. Six ``vpermt2b`` for
-    four blocks: two pair up rows 0 and 1, one per block adds row 2 (byte 3 masked)."""
+    k holding ``[r0, r1, r2, ?]`` lanes of channels 16 k + i (as :func:`_interleave4`,
+    byte 3 left as it comes: its weights are 0 and the row kernels leave it out of the
+    input sums), each passed to ``store(k, block)``. Six ``vpermt2b`` for four blocks:
+    two pair up rows 0 and 1, one per block adds row 2."""
     v64 = ir.VectorType(_I8, 64)
     perm = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v64, [v64] * 3),
                                           "llvm.x86.avx512.vpermi2var.qi.512")
-    keep = ir.Constant(ir.VectorType(_I1, 64), [int(k % 4 != 3) for k in range(64)])
 
     def pair(h: int) -> ir.Value:
         idx = [32 * h + i + 64 * b for i in range(32) for b in (0, 1)]
@@ -132,8 +132,7 @@ def _interleave3_vbmi(builder: ir.IRBuilder, rows: list[ir.Value], nblocks: ir.V
         idx = [v for i in range(LANES) for v in (2 * (16 * (k % 2) + i),
                                                    2 * (16 * (k % 2) + i) + 1,
                                                    64 + 16 * k + i, 0)]
-        got = builder.call(perm, [pairs, ir.Constant(v64, idx), rows[2]])
-        store(k, builder.select(keep, got, ir.Constant(v64, None)))
+        store(k, builder.call(perm, [pairs, ir.Constant(v64, idx), rows[2]]))
 
     def more(k: int) -> Any:
         return builder.if_then(builder.icmp_signed(">", nblocks, ir.Constant(nblocks.type, k)))
@@ -153,7 +152,8 @@ def _interleave3_vbmi(builder: ir.IRBuilder, rows: list[ir.Value], nblocks: ir.V
 def interleave_rows(typingctx, x, off, valid, fill, flip, chans, ncols, buf, boff):
     """For ``bx < ncols`` buffer columns and channels ``c < chans`` (padded to 16):
     ``buf[boff + bx * 4 * C16 + 4 c + r] = x[off[r] + bx * chans + c] ^ flip`` if
-    ``valid[r]``, else ``fill[r]`` (also for the padding channels c >= chans).
+    ``valid[r]``, else ``fill[r]`` (also for the padding channels c >= chans); when
+    ``valid[3] == fill[3] == 0`` (a group of three kernel rows) byte 3 is undefined.
     ``off``, ``valid``, ``fill``: 4-tuples of ints, one per kernel row r of the group;
     every ``off[r]`` must address a row of x, valid or not (invalid rows are read and
     replaced). With ``chans % 16 == 0`` buffer columns are exactly 4x the input's, and
@@ -315,10 +315,10 @@ def _make_row_kernel(requant: bool) -> Any:
 
     def row_kernel(typingctx, buf, boff, tap, plane, ngroups, kw_n, step, ow_n, wq, woff, wtap,
                    wterm, wzp, has_wzp, c, bias, mult, qmin, qmax, zp, n, dst, doff, dstride,
-                   xzp):
+                   xzp, rows):
         i = types.intp
         sig = types.void(buf, i, i, i, i, i, i, i, wq, i, i, wterm, wzp, i, i, bias, mult,
-                         types.float32, types.float32, i, i, dst, i, i, i)
+                         types.float32, types.float32, i, i, dst, i, i, i, i)
 
         def codegen(context, builder, signature, args):
             arr = [context.make_array(signature.args[k])(context, builder, args[k])
@@ -326,11 +326,18 @@ def _make_row_kernel(requant: bool) -> Any:
                    for k in range(len(args))]
             (_, boff_v, tap_v, plane_v, ngroups_v, kw_v, step_v, ow_v, _, woff_v, wtap_v,
              _, _, has_wzp_v, c_v, _, _, qmin_v, qmax_v, zp_v, n_v, _, doff_v, dstride_v,
-             xzp_v) = args
+             xzp_v, rows_v) = args
             intp = boff_v.type
             dot = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(_VI, [_VI] * 3), "llvm.x86.avx512.vpdpbusd.512")
-            ones = ir.Constant(_VI, [0x01010101] * LANES)
+
+            def ones(group: ir.Value) -> ir.Value:
+                """Byte weights 1 for the kernel rows of ``group``: the fourth lane of
+                a group of three may hold anything (see :func:`interleave_rows`)."""
+                three = builder.icmp_signed(">=", builder.add(builder.mul(
+                    group, ir.Constant(intp, 4)), ir.Constant(intp, 3)), rows_v)
+                return builder.select(three, ir.Constant(_VI, [0x00010101] * LANES),
+                                      ir.Constant(_VI, [0x01010101] * LANES))
             buf_p, wq_p, dst_p = arr[0].data, arr[8].data, arr[21].data
             init = builder.mul(_load_vec(builder, arr[11].data, c_v, _VI),
                                _splat(builder, builder.trunc(xzp_v, _I32), _VI))
@@ -344,6 +351,7 @@ def _make_row_kernel(requant: bool) -> Any:
                 if fast:
                     wv = [_load_vec(builder, wq_p, builder.add(
                         woff_v, builder.mul(wtap_v, ir.Constant(intp, k))), _VI) for k in range(3)]
+                    ones0 = ones(ir.Constant(intp, 0))
                 with cgutils.for_range(builder, ow_v) as ol:
                     base = builder.add(boff_v, builder.mul(ol.index, step_v))
                     if fast:
@@ -353,7 +361,7 @@ def _make_row_kernel(requant: bool) -> Any:
                                 base, builder.mul(tap_v, ir.Constant(intp, k))), _VI)
                             acc = builder.call(dot, [acc, xv, wv[k]])
                             if use_wzp:
-                                xs = builder.call(dot, [xs, xv, ones])
+                                xs = builder.call(dot, [xs, xv, ones0])
                     else:
                         acc_p = cgutils.alloca_once_value(builder, init)
                         xs_p = cgutils.alloca_once_value(builder, ir.Constant(_VI, None))
@@ -370,7 +378,7 @@ def _make_row_kernel(requant: bool) -> Any:
                                               acc_p)
                                 if use_wzp:
                                     builder.store(builder.call(
-                                        dot, [builder.load(xs_p), xv, ones]), xs_p)
+                                        dot, [builder.load(xs_p), xv, ones(gl.index)]), xs_p)
                         acc, xs = builder.load(acc_p), builder.load(xs_p)
                     if use_wzp:
                         acc = builder.sub(acc, builder.mul(wzp_vec, xs))
@@ -537,11 +545,11 @@ def _depthwise_row(row, xflat, x_shape, flip, xzp, wq, wterm, wzp, has_wzp, geo,
             dw_row_requant(buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n,
                            wq, 64 * j, col, wterm, wzp, has_wzp, 16 * j, bias16, mult16,
                            qmin, qmax, zp, chans - 16 * j, oflat, m0 * chans + 16 * j,
-                           chans, xzp)
+                           chans, xzp, rows)
         else:
             dw_row_acc(buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n,
                        wq, 64 * j, col, wterm, wzp, has_wzp, 16 * j, bias16, mult16,
-                       qmin, qmax, zp, 16, scratch, 16 * j, c16, xzp)
+                       qmin, qmax, zp, 16, scratch, 16 * j, c16, xzp, rows)
     if mode != 0:
         for ow in range(ow_n):
             for c in range(chans):
