@@ -183,13 +183,15 @@ def _threads(n: int):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("kc", [1, 7, 33])
-def test_micro_kernel_against_float64_matmul(dtype, kc) -> None:
-    """gemm_6xnr: c[r, :] = a[r, :kc] @ b for r < mr, rows from mr on left untouched."""
+@pytest.mark.parametrize("add", [False, True])
+def test_micro_kernel_against_float64_matmul(dtype, kc, add) -> None:
+    """gemm_6xnr: c[r, :] = (c[r, :] if add else 0) + a[r, :kc] @ b for r < mr, rows
+    from mr on left untouched."""
     from numba import njit
 
     @njit
-    def call(a, b, c, kc, mr):
-        _fma.gemm_6xnr(a, 2, a.shape[1], b, 0, kc, mr, c, c.shape[1], c.shape[1])
+    def call(a, b, c, kc, mr, add):
+        _fma.gemm_6xnr(a, 2, a.shape[1], b, 0, kc, mr, c, c.shape[1], c.shape[1], add)
 
     width = _fma.nr(np.dtype(dtype).itemsize)
     rng = np.random.default_rng(kc)
@@ -197,8 +199,8 @@ def test_micro_kernel_against_float64_matmul(dtype, kc) -> None:
     b = rng.standard_normal((kc, width)).astype(dtype)
     for mr in range(1, _fma.MR + 1):
         c = np.full((_fma.MR + 1, width), -7.0, dtype)
-        call(a, b, c, kc, mr)
-        ref = a[:mr, 2:].astype(np.float64) @ b.astype(np.float64)
+        call(a, b, c, kc, mr, add)
+        ref = a[:mr, 2:].astype(np.float64) @ b.astype(np.float64) - (7 if add else 0)
         np.testing.assert_allclose(c[1:mr + 1], ref, rtol=0, atol=1e-5 * max(1, kc))
         assert (c[0] == -7).all() and (c[mr + 1:] == -7).all()
 

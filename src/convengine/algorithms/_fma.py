@@ -2,11 +2,12 @@
 
 A register-blocked GEMM micro-kernel:
 
-``gemm_6xnr(a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc)`` sets, for rows
+``gemm_6xnr(a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add)`` sets, for rows
 ``r < mr`` (``mr <= 6``) and columns ``col < NR`` of the operands' dtype
 (``NR = 4 * lanes``: 64 float32 or 32 float64 columns):
 
-    c[c_off + r * ldc + col] = sum_{k < kc} a[a_off + r * lda + k] * b[b_off + k * NR + col]
+    c[c_off + r * ldc + col] = (c[...] if add else 0)
+                               + sum_{k < kc} a[a_off + r * lda + k] * b[b_off + k * NR + col]
 
 with ``b`` packed as ``kc`` rows of ``NR`` contiguous values. Rows ``r >= mr`` read
 row ``mr - 1`` and are not stored. The 6 x 4 accumulators are vector ``alloca``\\ s
@@ -39,9 +40,10 @@ def nr(itemsize: int) -> int:
 
 
 @intrinsic
-def gemm_6xnr(typingctx, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc):
+def gemm_6xnr(typingctx, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add):
     intp_t = types.intp
-    sig = types.void(a, intp_t, intp_t, b, intp_t, intp_t, intp_t, c, intp_t, intp_t)
+    sig = types.void(a, intp_t, intp_t, b, intp_t, intp_t, intp_t, c, intp_t, intp_t,
+                     types.boolean)
 
     def codegen(context, builder, signature, args):
         dtype = signature.args[0].dtype
@@ -53,7 +55,7 @@ def gemm_6xnr(typingctx, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc):
         a_arr = context.make_array(signature.args[0])(context, builder, args[0])
         b_arr = context.make_array(signature.args[3])(context, builder, args[3])
         c_arr = context.make_array(signature.args[7])(context, builder, args[7])
-        _, a_off_v, lda_v, _, b_off_v, kc_v, mr_v, _, c_off_v, ldc_v = args
+        _, a_off_v, lda_v, _, b_off_v, kc_v, mr_v, _, c_off_v, ldc_v, add_v = args
         intp = a_off_v.type
         suffix = f"v{lanes}f{8 * align}"
         fma = cgutils.get_or_insert_function(
@@ -96,7 +98,13 @@ def gemm_6xnr(typingctx, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc):
                 for j in range(NVEC):
                     ptr = builder.bitcast(
                         builder.gep(crow, [ir.Constant(intp, lanes * j)]), vec.as_pointer())
-                    builder.store(builder.load(accs[r][j]), ptr, align=align)
+                    acc = builder.load(accs[r][j])
+                    with builder.if_else(add_v) as (then, otherwise):
+                        with then:
+                            builder.store(builder.fadd(builder.load(ptr, align=align), acc),
+                                          ptr, align=align)
+                        with otherwise:
+                            builder.store(acc, ptr, align=align)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -62,6 +62,7 @@ CACHE_BYTES = 256 * 2**20  # bound on the cached weight transforms (and weight c
 BLOCK_BYTES = 2**19  # transformed tiles + products of one block (per thread, in L2)
 CACHED_U_BYTES = 2**21  # a thread's share of the packed weights above this: streamed ...
 REUSE_TILES = 36  # ... once per block, so blocks of at least this many tiles
+CHAIN = 128  # input channels summed serially before a partial sum is added (accuracy)
 SPLIT_K_TILES = 24  # fewer tiles per thread: threads split the output channels instead
 
 
@@ -228,8 +229,11 @@ def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
                     for a in range(alpha2):
                         u_off = (kb * alpha2 + a) * c_ * width
                         for r0 in range(0, b, MR):
-                            gemm_6xnr(v, (a * block + r0) * c_, c_, up, u_off, c_,
-                                      min(MR, b - r0), prod, (a * block + r0) * width, width)
+                            for c0 in range(0, c_, CHAIN):  # partial sums of CHAIN terms
+                                gemm_6xnr(v, (a * block + r0) * c_ + c0, c_, up,
+                                          u_off + c0 * width, min(CHAIN, c_ - c0),
+                                          min(MR, b - r0), prod, (a * block + r0) * width,
+                                          width, c0 > 0)
                     k0 = kb * width
                     nc = min(width, o_ - k0)
                     for t in range(b):
