@@ -228,8 +228,8 @@ def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
                 for kb in range(pk * nkb // parts_k, (pk + 1) * nkb // parts_k):
                     for a in range(alpha2):
                         u_off = (kb * alpha2 + a) * c_ * width
-                        for r0 in range(0, b, MR):
-                            for c0 in range(0, c_, CHAIN):  # partial sums of CHAIN terms
+                        for c0 in range(0, c_, CHAIN):  # partial sums of CHAIN terms
+                            for r0 in range(0, b, MR):  # the weight rows stay in L1
                                 gemm_6xnr(v, (a * block + r0) * c_ + c0, c_, up,
                                           u_off + c0 * width, min(CHAIN, c_ - c0),
                                           min(MR, b - r0), prod, (a * block + r0) * width,
