@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -104,3 +106,90 @@ def test_direct_reports_workspace() -> None:
     w = np.zeros((4, 8, 3, 3), np.float32)
     explanation = ce.explain(x, w, padding=1)
     assert explanation.workspace_bytes["direct"] == 4 * 8 * 9 * 4
+
+
+# ------------------------------------------------ depthwise kernels (depthwise.py)
+
+# (id, x shape NCHW, kernel, conv args): every one is served by depthwise.forward_plan
+DEPTHWISE = [
+    ("c16-3x3", (2, 16, 9, 11), (3, 3), dict(padding=1)),
+    ("c1-3x3", (1, 1, 5, 6), (3, 3), dict(padding=1)),
+    ("c3-stride2", (3, 3, 13, 8), (3, 3), dict(stride=2, padding=1)),
+    ("c17-stride2", (2, 17, 9, 11), (3, 3), dict(stride=2, padding=1)),
+    ("c33-dil2-asym", (1, 33, 10, 9), (3, 3), dict(padding=((2, 0), (1, 2)), dilation=2)),
+    ("c48-stride21-dil12", (2, 48, 14, 15), (3, 3),
+     dict(stride=(2, 1), padding=((0, 1), (1, 0)), dilation=(1, 2))),
+    ("c40-unpadded-w13", (1, 40, 6, 13), (3, 3), {}),
+    ("c20-2x2", (1, 20, 4, 4), (2, 2), {}),
+    ("c4-pad-beyond-kernel", (1, 4, 3, 4), (3, 3), dict(padding=3)),
+    ("c8-3x1", (2, 8, 7, 5), (3, 1), dict(padding=(1, 0))),
+    ("c64-w1", (1, 64, 6, 1), (3, 3), dict(padding=1)),
+    ("c96-5x1-stride3-row", (1, 96, 1, 23), (1, 5), dict(stride=3, padding=(0, 2))),
+    ("1d-c24-k9", (2, 24, 30), (9,), dict(padding=4)),
+    ("1d-c7-k3-stride2", (1, 7, 19), (3,), dict(stride=2, padding=((0, 2),), dilation=3)),
+]
+
+
+def _depthwise_case(xs, k, args, dtype, rng):
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal((xs[1], 1, *k)).astype(dtype)
+    return x, w, dict(args, groups=xs[1])
+
+
+def _nhwc(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.moveaxis(a, 1, -1))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("xs", "k", "args"), [c[1:] for c in DEPTHWISE],
+                         ids=[c[0] for c in DEPTHWISE])
+def test_depthwise_kernels_forward_and_backward_data(xs, k, args, dtype, threads) -> None:
+    from convengine.algorithms import depthwise
+
+    rng = np.random.default_rng(abs(hash((xs, k))) % 2**32)
+    x, w, kw = _depthwise_case(xs, k, args, dtype, rng)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    previous = ce.get_num_threads()
+    ce.set_num_threads(threads)
+    try:
+        problem = ce.explain(_nhwc(x), _nhwc(w), layout="NHWC", **kw).problem
+        assert depthwise.forward_plan(problem) is not None, "not served by depthwise.py"
+        y = ce.conv(x, w, algo="direct", **kw)
+        assert_close(y, ce.conv(x64, w64, algo="reference", **kw), dtype)
+        dy = rng.standard_normal(y.shape).astype(dtype)
+        dx = ce.conv_backward_data(dy, w, x.shape, algo="direct", **kw)
+        ref = ce.conv_backward_data(dy.astype(np.float64), w64, x.shape, algo="reference", **kw)
+        assert_close(dx, ref, dtype)
+    finally:
+        ce.set_num_threads(previous)
+
+
+def test_depthwise_backward_data_uses_the_kernels_at_stride_1_only() -> None:
+    from convengine.algorithms import depthwise
+
+    x, w = np.zeros((1, 5, 5, 8), np.float32), np.zeros((8, 3, 3, 1), np.float32)
+    unit = ce.explain(x, w, padding=1, groups=8, layout="NHWC").problem
+    strided = ce.explain(x, w, stride=2, padding=1, groups=8, layout="NHWC").problem
+    grouped = ce.explain(x, np.zeros((4, 3, 3, 2), np.float32), padding=1, groups=4,
+                         layout="NHWC").problem
+    assert depthwise.backward_data_plan(dataclasses.replace(unit, pass_="backward_data"))
+    assert depthwise.backward_data_plan(dataclasses.replace(strided, pass_="backward_data")) is None
+    assert depthwise.forward_plan(grouped) is None
+
+
+@pytest.mark.parametrize(("xs", "k", "args"), [c[1:] for c in DEPTHWISE if len(c[1]) == 4],
+                         ids=[c[0] for c in DEPTHWISE if len(c[1]) == 4])
+def test_depthwise_kernels_match_torch(xs, k, args) -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    x, w, kw = _depthwise_case(xs, k, args, "float32", rng)
+    pad = kw.pop("padding", 0)
+    if isinstance(pad, tuple) and isinstance(pad[0], tuple):  # torch pads symmetrically
+        x = np.pad(x, ((0, 0), (0, 0), *pad))
+        pad = 0
+    y = ce.conv(_nhwc(x), _nhwc(w), algo="direct", layout="NHWC", padding=pad, **kw)
+    expected = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w),
+                                          padding=pad, **kw).numpy()
+    np.testing.assert_allclose(np.moveaxis(y, -1, 1), expected, rtol=0, atol=2e-5 * (
+        1 + np.abs(expected).max()))

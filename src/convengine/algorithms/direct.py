@@ -13,28 +13,22 @@ Two loop nests, by the innermost contiguous axis:
   are innermost; each output pixel accumulates an ``O // g`` row, vectorised over
   output channels.
 - channel-wise (``C // g == 1``: depthwise, any channel multiplier): vectorised over
-  the channels themselves, with the 2-D stride-1 interior served by kernels generated
-  per (kernel shape, channel block) with every tap unrolled (see ``_depthwise2d``).
+  the channels themselves.
+
+1-D and 2-D depthwise problems with one output channel per input channel (forward,
+and backward-data at stride 1) go to the generated kernels of ``depthwise.py``.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import numpy as np
 from numba import njit, prange
-from numba.core import cpu, options
 
 from ..problem import ConvProblem
 from ..registry import register
+from .depthwise import NOALIAS, backward_data_plan, forward_plan
 
-# numba's compiler has a ``noalias`` flag (LLVM ``noalias`` on every array argument)
-# but no public njit option for it; map one, so that kernels whose arrays never
-# overlap vectorise without LLVM's runtime overlap checks (too many to emit here).
-if not hasattr(cpu.CPUTargetOptions, "noalias"):
-    cpu.CPUTargetOptions.noalias = options._mapping("noalias")
-NOALIAS: dict[str, Any] = {"nogil": True, "noalias": True, "fastmath": {"contract"}}
+__all__ = ["NOALIAS"]  # re-exported for the other generated kernels
 
 
 def _supports(problem: ConvProblem) -> None:
@@ -134,106 +128,6 @@ def direct_fwd_channel(x, wc, y, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # noqa: P
                         else:
                             for o in range(o_):
                                 out[o] += x[n, i_d, ih, iw, o // m] * wc[kd, kh, kw, o]
-
-
-# ------------------------------------------------- depthwise 2-D, generated kernels
-
-
-@njit(cache=True, nogil=True)
-def _dw_edge(x, wk, y, n, oh, ow, sh, sw, ph, pw, dh, dw):  # noqa: PLR0913
-    """One output pixel of a depthwise conv with every tap bounds-checked."""
-    _, h_, w_, c_ = x.shape
-    kh_, kw_, _ = wk.shape
-    for c in range(c_):
-        y[n, oh, ow, c] = 0
-    for kh in range(kh_):
-        ih = oh * sh - ph + kh * dh
-        if ih < 0 or ih >= h_:
-            continue
-        for kw in range(kw_):
-            iw = ow * sw - pw + kw * dw
-            if iw < 0 or iw >= w_:
-                continue
-            for c in range(c_):
-                y[n, oh, ow, c] += x[n, ih, iw, c] * wk[kh, kw, c]
-
-
-def _dw_block_source(kh_: int, kw_: int, wb: int, name: str, sw: int, dh: int, dw: int) -> str:
-    """Source of a function computing ``wb`` adjacent output pixels of one row, every
-    tap unrolled with literal offsets (so LLVM shares the loads that coincide),
-    vectorised over channels, accumulators in registers."""
-    taps = [(i, j) for i in range(kh_) for j in range(kw_)]
-    body = [f"def {name}(x, wk, y, n, oh, ow, ih0, iw0):"]
-    body += [f"    r{i} = x[n, ih0 + {i * dh}]" for i in range(kh_)]
-    body += ["    out = y[n, oh]", "    for c in range(x.shape[3]):"]
-    body += [f"        w{i}_{j} = wk[{i}, {j}, c]" for i, j in taps]
-    for b in range(wb):
-        terms = " + ".join(f"r{i}[iw0 + {b * sw + j * dw}, c] * w{i}_{j}" for i, j in taps)
-        body.append(f"        out[ow + {b}, c] = {terms}")
-    return "\n".join(body) + "\n"
-
-
-_DW_KERNELS: dict[tuple[int, ...], object] = {}
-DW_BLOCK = 4  # output pixels per register block
-
-
-def depthwise2d_kernel(kh_: int, kw_: int, sw_: int, dh_: int, dw_: int):
-    """The compiled depthwise 2-D forward for a (KH, KW) kernel, multiplier 1, width
-    stride ``sw_`` and dilations ``dh_, dw_``:
-    ``kernel(x (N,H,W,C), wk (KH,KW,C), y (N,OH,OW,C), sh, sw, ph, pw, dh, dw)``."""
-    key = (kh_, kw_, sw_, dh_, dw_)
-    if key not in _DW_KERNELS:
-        scope: dict[str, object] = {}
-        exec(_dw_block_source(kh_, kw_, DW_BLOCK, "block", sw_, dh_, dw_), scope)  # noqa: S102
-        exec(_dw_block_source(kh_, kw_, 1, "single", sw_, dh_, dw_), scope)  # noqa: S102
-        block = njit(**NOALIAS)(scope["block"])
-        single = njit(**NOALIAS)(scope["single"])
-
-        @njit(nogil=True)
-        def row(x, wk, y, n, oh, sh, sw, ph, pw, dh, dw):  # noqa: PLR0913
-            h_, w_ = x.shape[1], x.shape[2]
-            ow_ = y.shape[2]
-            ih0 = oh * sh - ph
-            if ih0 < 0 or ih0 + (kh_ - 1) * dh >= h_:
-                for ow in range(ow_):
-                    _dw_edge(x, wk, y, n, oh, ow, sh, sw, ph, pw, dh, dw)
-                return
-            # columns whose taps all fall inside the input: [lo, hi)
-            lo = min(ow_, max(0, (pw + sw - 1) // sw))
-            hi = max(lo, min(ow_, (w_ - 1 + pw - (kw_ - 1) * dw) // sw + 1))
-            for ow in range(lo):
-                _dw_edge(x, wk, y, n, oh, ow, sh, sw, ph, pw, dh, dw)
-            ow = lo
-            while ow + DW_BLOCK <= hi:
-                block(x, wk, y, n, oh, ow, ih0, ow * sw - pw)
-                ow += DW_BLOCK
-            while ow < hi:
-                single(x, wk, y, n, oh, ow, ih0, ow * sw - pw)
-                ow += 1
-            for ow in range(hi, ow_):
-                _dw_edge(x, wk, y, n, oh, ow, sh, sw, ph, pw, dh, dw)
-
-        @njit(parallel=True, nogil=True)
-        def kernel(x, wk, y, sh, sw, ph, pw, dh, dw):  # noqa: PLR0913
-            rows = y.shape[0] * y.shape[1]
-            for r in prange(rows):
-                row(x, wk, y, r // y.shape[1], r % y.shape[1], sh, sw, ph, pw, dh, dw)
-
-        _DW_KERNELS[key] = kernel
-    return _DW_KERNELS[key]
-
-
-def _depthwise2d(problem: ConvProblem) -> bool:
-    """Whether the generated depthwise kernels serve this forward problem: float32,
-    1-D or 2-D, one output channel per input channel, at most 9 taps (larger kernels
-    take the generic loops: compile time grows with the unrolled taps)."""
-    return (
-        problem.ndim <= 2
-        and problem.in_per_group == 1
-        and problem.out_per_group == 1
-        and math.prod(problem.kernel) <= 9
-        and problem.compute_dtype == np.float32
-    )
 
 
 # --------------------------------------------------------------------- backward data
@@ -403,15 +297,14 @@ def _workspace(problem: ConvProblem) -> int:
 
 @register("direct", "forward", supports=_supports, workspace_bytes=_workspace, accuracy=2)
 def direct_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    plan = forward_plan(problem)
+    if plan is not None:
+        return plan(x, w)
     geo = [v for t in _geometry(problem) for v in t]
     x5 = _as3d(x, problem.ndim)
     y = np.empty(problem.y_shape("NHWC"), dtype=problem.compute_dtype)
     y5 = _as3d(y, problem.ndim)
-    if _depthwise2d(problem):
-        wk = _channel_weight(problem, w)[0]
-        kernel = depthwise2d_kernel(wk.shape[0], wk.shape[1], geo[2], geo[7], geo[8])
-        kernel(x5[:, 0], wk, y5[:, 0], *geo[1:3], *geo[4:6], *geo[7:9])
-    elif problem.in_per_group == 1:
+    if problem.in_per_group == 1:
         direct_fwd_channel(x5, _channel_weight(problem, w), y5, *geo)
     else:
         direct_fwd_dense(x5, _dense_weight(problem, w), y5, *geo)
@@ -422,21 +315,14 @@ def direct_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray
     "direct", "backward_data", supports=_supports, workspace_bytes=_workspace, accuracy=2
 )
 def direct_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
+    plan = backward_data_plan(problem)
+    if plan is not None:
+        return plan(dy, w)
     geo = [v for t in _geometry(problem) for v in t]
     dy5 = _as3d(dy, problem.ndim)
     dx = np.empty(problem.x_shape("NHWC"), dtype=problem.compute_dtype)
     dx5 = _as3d(dx, problem.ndim)
-    extents = (1,) * (3 - problem.ndim) + problem.effective_kernel
-    lows = (0,) * (3 - problem.ndim) + tuple(lo for lo, _ in problem.padding)
-    highs = (0,) * (3 - problem.ndim) + tuple(hi for _, hi in problem.padding)
-    if (_depthwise2d(problem) and all(s == 1 for s in problem.stride)
-            and all(max(lo, hi) < e for lo, hi, e in zip(lows, highs, extents))):
-        # stride 1: the forward depthwise conv of dy with the flipped kernel
-        wk = np.ascontiguousarray(_channel_weight(problem, w)[0, ::-1, ::-1])
-        pad = [e - 1 - lo for e, lo in zip(extents, lows)]
-        kernel = depthwise2d_kernel(wk.shape[0], wk.shape[1], 1, geo[7], geo[8])
-        kernel(dy5[:, 0], wk, dx5[:, 0], 1, 1, pad[1], pad[2], *geo[7:9])
-    elif problem.in_per_group == 1:
+    if problem.in_per_group == 1:
         direct_bwd_data_channel(dy5, _channel_weight(problem, w), dx5, *geo)
     else:
         g, og = problem.groups, problem.out_per_group

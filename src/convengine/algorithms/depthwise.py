@@ -1,0 +1,338 @@
+"""Depthwise 1-D/2-D convolution (one output channel per input channel), channels-last.
+
+For x ``(N, H, W, C)``, w ``(C, KH, KW, 1)`` and y ``(N, OH, OW, C)``::
+
+    y[n, oh, ow, c] = sum_{i, j} x[n, oh*sh - ph + i*dh, ow*sw - pw + j*dw, c] * w[c, i, j]
+
+with out-of-range input pixels read as zero (1-D problems are the KH = 1 case).
+Backward-data at stride 1 is the same conv of dy with the taps reversed.
+
+Kernels are generated per (KH, KW, width stride, dilations). The register block is
+an ``@intrinsic`` that emits ``llvm.fma`` on 512-bit vectors (LLVM's default for
+this CPU through numba is 256-bit): ``OW_BLOCK`` adjacent output pixels times
+``NVEC`` vectors of channels, every tap unrolled, with masked loads and stores for
+the last channels. Output pixels whose taps all fall inside x read x in place;
+the others (the first and last columns, rows near the top and bottom) read a
+zero-padded copy of just the input columns they need. The work is one task per
+thread: a block of output rows or, when that balances better, a slice of channels.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+from llvmlite import ir
+from numba import get_num_threads, njit, prange, types
+from numba.core import cgutils, cpu, options
+from numba.extending import intrinsic
+
+from ..problem import ConvProblem
+
+# numba's compiler has a ``noalias`` flag (LLVM ``noalias`` on every array argument)
+# but no public njit option for it; map one, so that kernels whose arrays never
+# overlap vectorise without LLVM's runtime overlap checks (too many to emit here).
+if not hasattr(cpu.CPUTargetOptions, "noalias"):
+    cpu.CPUTargetOptions.noalias = options._mapping("noalias")
+NOALIAS: dict[str, Any] = {"nogil": True, "noalias": True, "fastmath": {"contract"}}
+
+VECTOR_BYTES = 64  # one zmm register: 16 float32 or 8 float64 channels
+OW_BLOCK = 4  # output pixels per register block
+NVEC = 2  # vectors of channels per register block
+GRAIN = 16  # channel slices of a split start at multiples of this
+MAX_TAPS = 9
+
+
+def _block_intrinsic(kh_: int, kw_: int, sw: int, dw: int, width: int) -> Any:
+    """An ``@intrinsic`` computing ``width`` adjacent output pixels for one vector of
+    channels (the first ``valid`` lanes; the rest are neither read nor written):
+
+        y.flat[yo + b*C + l] = sum_{i, j} a.flat[ao + i*rs + (b*sw + j*dw)*cs + l]
+                                          * wk.flat[wo + (i*KW + j)*C + l]
+
+    summed over the taps in order, in registers (``llvm.fma`` on 512-bit vectors:
+    LLVM's default for this CPU through numba would use 256-bit ones)."""
+    taps = [(i, j) for i in range(kh_) for j in range(kw_)]
+
+    @intrinsic
+    def block(typingctx, y, yo, a, ao, rs, cs, wk, wo, c_, valid):  # noqa: PLR0913
+        intp = types.intp
+        sig = types.void(y, intp, a, intp, intp, intp, wk, intp, intp, intp)
+
+        def codegen(context, builder, signature, args):
+            scalar = context.get_value_type(signature.args[0].dtype)
+            lanes = VECTOR_BYTES // context.get_abi_sizeof(scalar)
+            vec = ir.VectorType(scalar, lanes)
+            mask_t = ir.VectorType(ir.IntType(1), lanes)
+            align = ir.Constant(ir.IntType(32), context.get_abi_sizeof(scalar))
+            y_a, yo_v, a_a, ao_v, rs_v, cs_v, wk_a, wo_v, c_v, valid_v = args
+            it = yo_v.type
+            y_ptr = context.make_array(signature.args[0])(context, builder, y_a).data
+            a_ptr = context.make_array(signature.args[2])(context, builder, a_a).data
+            w_ptr = context.make_array(signature.args[6])(context, builder, wk_a).data
+            suffix = f"v{lanes}{'f32' if lanes == 16 else 'f64'}.p0"
+            load = cgutils.get_or_insert_function(
+                builder.module,
+                ir.FunctionType(vec, [vec.as_pointer(), ir.IntType(32), mask_t, vec]),
+                f"llvm.masked.load.{suffix}")
+            store = cgutils.get_or_insert_function(
+                builder.module,
+                ir.FunctionType(ir.VoidType(), [vec, vec.as_pointer(), ir.IntType(32), mask_t]),
+                f"llvm.masked.store.{suffix}")
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.{suffix[:-3]}")
+            lane_ids = ir.Constant(ir.VectorType(it, lanes), list(range(lanes)))
+            undef = ir.Constant(ir.VectorType(it, lanes), ir.Undefined)
+            splat = builder.shuffle_vector(
+                builder.insert_element(undef, valid_v, ir.Constant(ir.IntType(32), 0)),
+                undef, ir.Constant(ir.VectorType(ir.IntType(32), lanes), None))
+            masks = [
+                builder.icmp_signed("<", builder.add(lane_ids, ir.Constant(lane_ids.type, [
+                    v * lanes] * lanes)), splat)
+                for v in range(NVEC)
+            ]
+            zero = ir.Constant(vec, None)
+
+            def at(base, offset, v):
+                ptr = builder.gep(base, [builder.add(offset, ir.Constant(it, v * lanes))])
+                return builder.bitcast(ptr, vec.as_pointer())
+
+            def read(base, offset, v):
+                return builder.call(load, [at(base, offset, v), align, masks[v], zero])
+
+            row_offsets = [
+                builder.add(ao_v, builder.mul(ir.Constant(it, i), rs_v)) for i in range(kh_)
+            ]
+            for v in range(NVEC):
+                weights = [
+                    read(w_ptr, builder.add(wo_v, builder.mul(ir.Constant(it, i * kw_ + j), c_v)), v)
+                    for i, j in taps
+                ]
+                for b in range(width):
+                    acc = None
+                    for (i, j), w in zip(taps, weights):
+                        col = builder.mul(ir.Constant(it, b * sw + j * dw), cs_v)
+                        x = read(a_ptr, builder.add(row_offsets[i], col), v)
+                        acc = builder.fmul(x, w) if acc is None else builder.call(fma, [x, w, acc])
+                    out = builder.add(yo_v, builder.mul(ir.Constant(it, b), c_v))
+                    builder.call(store, [acc, at(y_ptr, out, v), align, masks[v]])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return block
+
+
+def _span_source(sw: int) -> str:
+    """Source of ``span(y, yo, a, ao, rs, cs, wk, c0, cb, p0, p1, col0)``: output pixels
+    ``p0:p1`` of one row (``y.flat[yo + ow*C + c]``, channels ``c0 + c``, c < cb) from
+    array ``a``: tap row i starts at ``a.flat[ao + i*rs]``, columns ``cs`` elements
+    apart, pixel ``ow`` at column ``col0 + (ow - p0) * sw``. Blocks of OW_BLOCK pixels
+    (the last narrower), each over all channels in vectors."""
+
+    def call(width: int, indent: str) -> list[str]:
+        return [
+            f"{indent}col = ao + (col0 + (ob - p0) * {sw}) * cs",
+            f"{indent}for cc in range(0, cb, lanes):",
+            f"{indent}    block{width}(y, yo + ob * c_ + cc, a, col + cc, rs, cs, wk, c0 + cc,"
+            " c_, min(lanes, cb - cc))",
+        ]
+
+    body = [
+        "def span(y, yo, a, ao, rs, cs, wk, c0, cb, p0, p1, col0):",
+        "    c_ = y.shape[3]",
+        "    lanes = NVEC * VECTOR_BYTES // y.itemsize",
+        "    ob = p0",
+        "    while ob + OW_BLOCK <= p1:",
+        *call(OW_BLOCK, "        "),
+        "        ob += OW_BLOCK",
+    ]
+    for width in range(1, OW_BLOCK):
+        body.append(f"    {'if' if width == 1 else 'elif'} p1 - ob == {width}:")
+        body += call(width, "        ")
+    return "\n".join(body) + "\n"
+
+
+@njit(**NOALIAS)
+def _fill(buf, i, x, n, ih, col0, width, c0):
+    """buf[i, k, :] <- x[n, ih, col0 + k, c0:c0+cb] for k < width; zero where the
+    column or the row ``ih`` falls outside x."""
+    cb = buf.shape[2]
+    h_, w_ = x.shape[1], x.shape[2]
+    c0u = np.uint64(c0)  # unsigned channel indices: no wraparound checks, vector loads
+    for k in range(width):
+        col = col0 + k
+        if 0 <= ih < h_ and 0 <= col < w_:
+            src = x[n, ih, col]
+            for c in range(cb):
+                buf[i, k, c] = src[c0u + np.uint64(c)]
+        else:
+            for c in range(cb):
+                buf[i, k, c] = 0
+
+
+_KERNELS: dict[tuple[int, ...], Callable[..., None]] = {}
+
+
+def depthwise2d_kernel(kh_: int, kw_: int, sw_: int, dh_: int, dw_: int) -> Callable[..., None]:
+    """The compiled kernel for one (KH, KW) kernel shape, width stride and dilations:
+    ``kernel(x (N,H,W,C), w (C, KH*KW), y (N,OH,OW,C), flip, sh, ph, pw, row_parts,
+    channel_parts)`` overwrites y; ``flip`` reverses the taps."""
+    key = (kh_, kw_, sw_, dh_, dw_)
+    if key in _KERNELS:
+        return _KERNELS[key]
+    scope: dict[str, Any] = {"VECTOR_BYTES": VECTOR_BYTES, "OW_BLOCK": OW_BLOCK, "NVEC": NVEC}
+    for width in range(1, OW_BLOCK + 1):
+        scope[f"block{width}"] = _block_intrinsic(kh_, kw_, sw_, dw_, width)
+    exec(_span_source(sw_), scope)  # noqa: S102
+    span = njit(**NOALIAS)(scope["span"])
+    reach = (kw_ - 1) * dw_ + 1  # input columns one output pixel reads
+
+    @njit(**NOALIAS)
+    def task(x, wk, y, buf, r0, r1, c0, sh, ph, pw):  # noqa: PLR0913
+        """Output rows r0:r1 (over n and oh) of channels c0:c0+cb, cb = buf.shape[2].
+        Interior pixels read x in place; pixels with a tap outside x read zero-padded
+        copies of their input columns in buf (KH, Wp, cb)."""
+        h_, w_, c_ = x.shape[1], x.shape[2], x.shape[3]
+        oh_, ow_ = y.shape[1], y.shape[2]
+        cb = buf.shape[2]
+        plane = buf.shape[1] * cb
+        # columns whose taps all fall inside x: [lo, hi)
+        lo = min(ow_, (pw + sw_ - 1) // sw_)
+        hi = max(lo, min(ow_, (w_ - 1 + pw - (reach - 1)) // sw_ + 1))
+        for r in range(r0, r1):
+            n, oh = r // oh_, r % oh_
+            ih0 = oh * sh - ph
+            yo = (n * oh_ + oh) * ow_ * c_ + c0
+            if ih0 < 0 or ih0 + (kh_ - 1) * dh_ >= h_:
+                for i in range(kh_):
+                    _fill(buf, i, x, n, ih0 + i * dh_, -pw, buf.shape[1], c0)
+                span(y, yo, buf, 0, plane, cb, wk, c0, cb, 0, ow_, 0)
+                continue
+            if lo > 0:
+                for i in range(kh_):
+                    _fill(buf, i, x, n, ih0 + i * dh_, -pw, (lo - 1) * sw_ + reach, c0)
+                span(y, yo, buf, 0, plane, cb, wk, c0, cb, 0, lo, 0)
+            span(y, yo, x, ((n * h_ + ih0) * w_) * c_ + c0, dh_ * w_ * c_, c_, wk, c0, cb,
+                 lo, hi, lo * sw_ - pw)
+            if hi < ow_:
+                for i in range(kh_):
+                    _fill(buf, i, x, n, ih0 + i * dh_, hi * sw_ - pw,
+                          (ow_ - 1 - hi) * sw_ + reach, c0)
+                span(y, yo, buf, 0, plane, cb, wk, c0, cb, hi, ow_, 0)
+
+    @njit(parallel=True, nogil=True)
+    def kernel(x, w, y, flip, sh, ph, pw, row_parts, channel_parts):  # noqa: PLR0913
+        c_ = x.shape[3]
+        wk = np.empty((kh_, kw_, c_), dtype=y.dtype)  # taps outermost, channels innermost
+        for i in range(kh_):
+            for j in range(kw_):
+                t = (kh_ - 1 - i) * kw_ + kw_ - 1 - j if flip else i * kw_ + j
+                for c in range(c_):
+                    wk[i, j, c] = w[c, t]
+        rows = y.shape[0] * y.shape[1]
+        wp_ = (y.shape[2] - 1) * sw_ + reach
+        chunks = (c_ + GRAIN - 1) // GRAIN
+        for task_id in prange(row_parts * channel_parts):
+            p, g = task_id // channel_parts, task_id % channel_parts
+            c0 = min(c_, g * chunks // channel_parts * GRAIN)
+            c1 = min(c_, (g + 1) * chunks // channel_parts * GRAIN)
+            buf = np.empty((kh_, wp_, c1 - c0), dtype=y.dtype)
+            task(x, wk, y, buf, p * rows // row_parts, (p + 1) * rows // row_parts,
+                 c0, sh, ph, pw)
+
+    _KERNELS[key] = kernel
+    return kernel
+
+
+def _split(rows: int, channels: int, threads: int) -> tuple[int, int]:
+    """(row_parts, channel_parts): split the rows, or the channels into slices of whole
+    GRAIN-channel chunks when there are fewer rows than threads (two threads writing
+    neighbouring channels of the same pixels measured 1.2-3x slower than rows)."""
+    chunks = -(-channels // GRAIN)
+    if rows < threads:
+        return 1, min(threads, chunks)
+    return threads, 1
+
+
+class Plan(NamedTuple):
+    """A depthwise 2-D (or 1-D) conv, ready to run: ``plan(x, w) -> y``."""
+
+    kernel: Callable[..., None]
+    x4: tuple[int, ...]  # x seen as (N, H, W, C)
+    y_shape: tuple[int, ...]  # y as returned, channels-last
+    y4: tuple[int, ...]  # y seen as (N, OH, OW, C)
+    flip: bool  # taps reversed (backward-data as a forward conv)
+    args: tuple[int, ...]  # sh, ph, pw, row_parts, channel_parts
+
+    def __call__(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """x (N, *S, C), w (C, *K, 1), both C-contiguous -> y (N, *S_out, C)."""
+        y = np.empty(self.y_shape, dtype=x.dtype)
+        self.kernel(x.reshape(self.x4), w.reshape(w.shape[0], -1), y.reshape(self.y4),
+                    self.flip, *self.args)
+        return y
+
+
+def _served(problem: ConvProblem) -> bool:
+    """1-D or 2-D, one output channel per input channel, at most MAX_TAPS taps
+    (compile time grows with the unrolled taps), not empty."""
+    return (
+        problem.ndim <= 2
+        and problem.in_per_group == 1
+        and problem.out_per_group == 1
+        and math.prod(problem.kernel) <= MAX_TAPS
+        and problem.in_channels > 0
+        and math.prod(problem.out_size) > 0
+    )
+
+
+def _as2d(values: tuple[int, ...], lead: int) -> tuple[int, int]:
+    """A 1-D problem's (v,) -> (lead, v); 2-D values unchanged."""
+    return (lead, values[0]) if len(values) == 1 else (values[0], values[1])
+
+
+def _plan(problem: ConvProblem, x_size: tuple[int, ...], y_size: tuple[int, ...],
+          pad: tuple[int, ...], flip: bool, stride: tuple[int, ...]) -> Plan:
+    n, c = problem.batch, problem.in_channels
+    kh_, kw_ = _as2d(problem.kernel, 1)
+    sh, sw = _as2d(stride, 1)
+    dh, dw = _as2d(problem.dilation, 1)
+    ph, pw = _as2d(pad, 0)
+    x4 = (n, *_as2d(x_size, 1), c)
+    y4 = (n, *_as2d(y_size, 1), c)
+    parts = _split(y4[0] * y4[1], c, get_num_threads())
+    return Plan(depthwise2d_kernel(kh_, kw_, sw, dh, dw), x4, (n, *y_size, c), y4, flip,
+                (sh, ph, pw, *parts))
+
+
+@functools.lru_cache(maxsize=256)
+def _forward_plan(problem: ConvProblem, threads: int) -> Plan | None:
+    if not _served(problem):
+        return None
+    pad = tuple(lo for lo, _ in problem.padding)
+    return _plan(problem, problem.in_size, problem.out_size, pad, False, problem.stride)
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_data_plan(problem: ConvProblem, threads: int) -> Plan | None:
+    # at stride 1, dx is the forward conv of dy with the flipped kernel, padded by
+    # extent - 1 - pad on the low side (needs every pad below the kernel's extent)
+    extents = problem.effective_kernel
+    if not (_served(problem) and all(s == 1 for s in problem.stride)
+            and all(max(p) < e for p, e in zip(problem.padding, extents))):
+        return None
+    pad = tuple(e - 1 - lo for e, (lo, _) in zip(extents, problem.padding))
+    return _plan(problem, problem.out_size, problem.in_size, pad, True, problem.stride)
+
+
+def forward_plan(problem: ConvProblem) -> Plan | None:
+    """The plan for a depthwise forward pass, or None if these kernels do not serve it."""
+    return _forward_plan(problem, get_num_threads())
+
+
+def backward_data_plan(problem: ConvProblem) -> Plan | None:
+    """The plan computing dx from (dy, w) at stride 1, or None."""
+    return _backward_data_plan(problem, get_num_threads())
