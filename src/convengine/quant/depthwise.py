@@ -302,23 +302,24 @@ def _load_vec(builder: ir.IRBuilder, base: ir.Value, idx: ir.Value, vty: ir.Type
 
 
 def _make_row_kernel(requant: bool) -> Any:
-    """An intrinsic that runs 16 channels (``c .. c + 15``) of one output row: for
-    ``ow < ow_n`` the int32 lanes
+    """An intrinsic that runs 16 channels (``c .. c + 15``) of ``nrows`` output rows:
+    for ``r < nrows``, ``ow < ow_n`` the int32 lanes
 
-        acc = xzp * wterm[c:] + sum_{g < ngroups, kw < kw_n} dot4(buf[b + g * plane + kw * tap],
-                                                           wq[woff + (g * kw_n + kw) * wtap])
+        acc = xzp * wterm[c:] + sum_{g < ngroups, kw < kw_n} dot4(
+                  buf[b + g * plane + kw * tap], wq[woff + (g * kw_n + kw) * wtap])
               (- wzp[c:] * sum of the same input bytes, if has_wzp)
 
-    with ``b = boff + ow * step``, go to ``dst[doff + ow * dstride:][:16]``: requantized
+    with ``b = boff + r * rowbuf + ow * step``, go to
+    ``dst[doff + (r * ow_n + ow) * dstride:][:16]``: requantized
     (:func:`_requant_codegen`, lanes < n, 8-bit) or as int32. The 3 x 3 case
     (ngroups 1, kw_n 3) keeps its three weight vectors in registers."""
 
     def row_kernel(typingctx, buf, boff, tap, plane, ngroups, kw_n, step, ow_n, wq, woff, wtap,
                    wterm, wzp, has_wzp, c, bias, mult, qmin, qmax, zp, n, dst, doff, dstride,
-                   xzp, rows):
+                   xzp, rows, nrows, rowbuf):
         i = types.intp
         sig = types.void(buf, i, i, i, i, i, i, i, wq, i, i, wterm, wzp, i, i, bias, mult,
-                         types.float32, types.float32, i, i, dst, i, i, i, i)
+                         types.float32, types.float32, i, i, dst, i, i, i, i, i, i)
 
         def codegen(context, builder, signature, args):
             arr = [context.make_array(signature.args[k])(context, builder, args[k])
@@ -326,7 +327,7 @@ def _make_row_kernel(requant: bool) -> Any:
                    for k in range(len(args))]
             (_, boff_v, tap_v, plane_v, ngroups_v, kw_v, step_v, ow_v, _, woff_v, wtap_v,
              _, _, has_wzp_v, c_v, _, _, qmin_v, qmax_v, zp_v, n_v, _, doff_v, dstride_v,
-             xzp_v, rows_v) = args
+             xzp_v, rows_v, nrows_v, rowbuf_v) = args
             intp = boff_v.type
             dot = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(_VI, [_VI] * 3), "llvm.x86.avx512.vpdpbusd.512")
@@ -352,8 +353,11 @@ def _make_row_kernel(requant: bool) -> Any:
                     wv = [_load_vec(builder, wq_p, builder.add(
                         woff_v, builder.mul(wtap_v, ir.Constant(intp, k))), _VI) for k in range(3)]
                     ones0 = ones(ir.Constant(intp, 0))
-                with cgutils.for_range(builder, ow_v) as ol:
-                    base = builder.add(boff_v, builder.mul(ol.index, step_v))
+                with cgutils.for_range(builder, nrows_v) as rl, \
+                        cgutils.for_range(builder, ow_v) as ol:
+                    base = builder.add(builder.add(boff_v, builder.mul(rl.index, rowbuf_v)),
+                                       builder.mul(ol.index, step_v))
+                    pixel = builder.add(builder.mul(rl.index, ow_v), ol.index)
                     if fast:
                         acc, xs = init, ir.Constant(_VI, None)
                         for k in range(3):
@@ -382,7 +386,7 @@ def _make_row_kernel(requant: bool) -> Any:
                         acc, xs = builder.load(acc_p), builder.load(xs_p)
                     if use_wzp:
                         acc = builder.sub(acc, builder.mul(wzp_vec, xs))
-                    at = builder.gep(dst_p, [builder.add(doff_v, builder.mul(ol.index, dstride_v))])
+                    at = builder.gep(dst_p, [builder.add(doff_v, builder.mul(pixel, dstride_v))])
                     if requant:
                         q = _requant_codegen(builder, acc, bias_vec, mult_vec, qmin_v, qmax_v, zp_v)
                         _masked_store(builder, builder.trunc(q, _VB), at, mask)
@@ -481,40 +485,47 @@ def conv_depthwise_vnni(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, nchunks, mod
     bias16 = _padded16(bias_f, c16) if ragged and mode == 0 else bias_f
     qmin, qmax = np.float32(lo - zp), np.float32(hi - zp)
     total = n_img * od_n * oh_n
-    grab = max(1, total // (8 * nchunks))  # rows a thread takes at a time
+    region = ngroups * plane  # one output row's buffer
     next_row = np.empty(1, np.int64)
     next_row[0] = 0
+    # rows per kernel call: about 32 pixels, spreading each call's set-up (weights,
+    # constants), in at most 256 KiB of buffer; a worker takes a multiple at a time
+    batch = max(1, min(8, -(-32 // ow_n), (1 << 18) // region))
+    grab = batch * max(1, total // (8 * nchunks * batch))
     for _worker in prange(nchunks):
-        buf = np.empty(ngroups * plane, np.uint8)
-        scratch = np.empty(ow_n * c16 if mode != 0 else 16, np.int32)
+        buf = np.empty(batch * region, np.uint8)
+        scratch = np.empty(batch * ow_n * c16 if mode != 0 else 16, np.int32)
         buf32 = buf.view(np.int32)
-        for g in range(ngroups):  # columns outside the input: the zero point
-            lanes = 0  # the int32 lane of 4 bytes: xzp in kernel rows, 0 past them
-            for r in range(4):
-                if 4 * g + r < rows:
-                    lanes |= xzp << (8 * r)
-            fill = np.int32(np.uint32(lanes))
-            for bx in range(wb):
-                if bx < bx_lo or bx >= bx_hi:
-                    base = (g * plane + bx * col) // 4
-                    for c in range(c16):
-                        buf32[base + c] = fill
+        for k in range(batch):
+            for g in range(ngroups):  # columns outside the input: the zero point
+                lanes = 0  # the int32 lane of 4 bytes: xzp in kernel rows, 0 past them
+                for r in range(4):
+                    if 4 * g + r < rows:
+                        lanes |= xzp << (8 * r)
+                fill = np.int32(np.uint32(lanes))
+                for bx in range(wb):
+                    if bx < bx_lo or bx >= bx_hi:
+                        base = (k * region + g * plane + bx * col) // 4
+                        for c in range(c16):
+                            buf32[base + c] = fill
         while True:
             first = fetch_add(next_row, grab)
             if first >= total:
                 break
-            for row in range(first, min(total, first + grab)):
-                _depthwise_row(row, xflat, x.shape, flip, xzp, wq, wterm, wzp, has_wzp, geo,
-                               buf, scratch, mode, mult, bias_f, bias_i, zp, lo, hi, mult16,
-                               bias16, qmin, qmax, oflat, out)
+            for row0 in range(first, min(total, first + grab), batch):
+                _depthwise_rows(row0, min(batch, total - row0), xflat, x.shape, flip, xzp, wq,
+                                wterm, wzp, has_wzp, geo, buf, region, scratch, mode, mult,
+                                bias_f, bias_i, zp, lo, hi, mult16, bias16, qmin, qmax, oflat,
+                                out)
 
 
 @njit(inline="always")
-def _depthwise_row(row, xflat, x_shape, flip, xzp, wq, wterm, wzp, has_wzp, geo, buf, scratch,
-                   mode, mult, bias_f, bias_i, zp, lo, hi, mult16, bias16, qmin, qmax, oflat,
-                   out):
-    """One output row (n, od, oh): interleave its input rows into ``buf``, then every
-    16-channel block of its pixels (see :func:`conv_depthwise_vnni`)."""
+def _depthwise_rows(row0, nrows, xflat, x_shape, flip, xzp, wq, wterm, wzp, has_wzp, geo, buf,
+                    region, scratch, mode, mult, bias_f, bias_i, zp, lo, hi, mult16, bias16,
+                    qmin, qmax, oflat, out):
+    """Output rows row0 .. row0 + nrows - 1 (each an (n, od, oh)): interleave the input
+    rows of each into its ``region`` of ``buf``, then every 16-channel block of all their
+    pixels (see :func:`conv_depthwise_vnni`)."""
     chans = x_shape[4]
     kh_n, kw_n = geo[1], geo[2]
     od_n, oh_n, ow_n = geo[12], geo[13], geo[14]
@@ -527,34 +538,36 @@ def _depthwise_row(row, xflat, x_shape, flip, xzp, wq, wterm, wzp, has_wzp, geo,
     plane = wb * col
     bx_lo, bx_hi = min(pw, wb), max(min(pw, wb), min(wb, pw + x_shape[3]))
     nvec = c16 // 16
-    n = row // (od_n * oh_n)
-    od = (row // oh_n) % od_n
-    oh = row % oh_n
-    for g in range(ngroups):
-        o0, v0, f0 = _row_source(4 * g, rows, n, od, oh, geo, x_shape, xzp)
-        o1, v1, f1 = _row_source(4 * g + 1, rows, n, od, oh, geo, x_shape, xzp)
-        o2, v2, f2 = _row_source(4 * g + 2, rows, n, od, oh, geo, x_shape, xzp)
-        o3, v3, f3 = _row_source(4 * g + 3, rows, n, od, oh, geo, x_shape, xzp)
-        xb = (bx_lo - pw) * chans
-        interleave_rows(xflat, (o0 + xb, o1 + xb, o2 + xb, o3 + xb), (v0, v1, v2, v3),
-                        (f0, f1, f2, f3), flip, chans, bx_hi - bx_lo, buf,
-                        g * plane + bx_lo * col)
-    m0 = row * ow_n
+    for k in range(nrows):
+        row = row0 + k
+        n = row // (od_n * oh_n)
+        od = (row // oh_n) % od_n
+        oh = row % oh_n
+        for g in range(ngroups):
+            o0, v0, f0 = _row_source(4 * g, rows, n, od, oh, geo, x_shape, xzp)
+            o1, v1, f1 = _row_source(4 * g + 1, rows, n, od, oh, geo, x_shape, xzp)
+            o2, v2, f2 = _row_source(4 * g + 2, rows, n, od, oh, geo, x_shape, xzp)
+            o3, v3, f3 = _row_source(4 * g + 3, rows, n, od, oh, geo, x_shape, xzp)
+            xb = (bx_lo - pw) * chans
+            interleave_rows(xflat, (o0 + xb, o1 + xb, o2 + xb, o3 + xb), (v0, v1, v2, v3),
+                            (f0, f1, f2, f3), flip, chans, bx_hi - bx_lo, buf,
+                            k * region + g * plane + bx_lo * col)
+    m0 = row0 * ow_n
     for j in range(nvec):
         if mode == 0:
             dw_row_requant(buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n,
                            wq, 64 * j, col, wterm, wzp, has_wzp, 16 * j, bias16, mult16,
                            qmin, qmax, zp, chans - 16 * j, oflat, m0 * chans + 16 * j,
-                           chans, xzp, rows)
+                           chans, xzp, rows, nrows, region)
         else:
             dw_row_acc(buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n,
                        wq, 64 * j, col, wterm, wzp, has_wzp, 16 * j, bias16, mult16,
-                       qmin, qmax, zp, 16, scratch, 16 * j, c16, xzp, rows)
+                       qmin, qmax, zp, 16, scratch, 16 * j, c16, xzp, rows, nrows, region)
     if mode != 0:
-        for ow in range(ow_n):
+        for p in range(nrows * ow_n):
             for c in range(chans):
-                out[m0 + ow, c] = _epilogue(scratch[ow * c16 + c], c, mode, mult,
-                                            bias_f, bias_i, zp, lo, hi)
+                out[m0 + p, c] = _epilogue(scratch[p * c16 + c], c, mode, mult, bias_f,
+                                           bias_i, zp, lo, hi)
 
 
 @njit(parallel=True, fastmath={"contract"}, cache=True)
