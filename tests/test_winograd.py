@@ -246,3 +246,14 @@ def test_overflow_in_the_transforms_falls_back_to_direct() -> None:
     assert np.isfinite(expected).all()
     for algo in TOLERANCE:
         np.testing.assert_array_equal(ce.conv(x, w, padding=1, algo=algo), expected)
+
+
+@pytest.mark.parametrize("size", [9, 10, 4097])  # 36 bytes: 32-bit words; else 64-bit
+def test_same_bits_sees_one_flipped_bit(size) -> None:
+    rng = np.random.default_rng(size)
+    a = rng.standard_normal(size).astype(np.float32)
+    assert winograd._same_bits(a, a.copy())
+    for i in (0, size // 2, size - 1):
+        b = a.copy()
+        b.view(np.uint32)[i] ^= 1
+        assert not winograd._same_bits(a, b)
