@@ -17,6 +17,7 @@ import pytest
 import convengine
 from convengine import ConvSetupError, qconv
 from convengine.quant import HAS_AMX, HAS_VNNI, cpu
+from convengine.quant import depthwise as depthwise_kernels
 from convengine.quant.numerics import apply_requant, requant_params
 
 PATHS = ["portable"] + (["vnni"] if HAS_VNNI else []) + (["amx"] if HAS_AMX else [])
@@ -164,11 +165,14 @@ DEPTHWISE_CASES = [
 
 @pytest.mark.parametrize("case", DEPTHWISE_CASES,
                          ids=lambda c: f"{c[0]}d-C{c[2]}-k{c[4]}-{c[8]}-wzp{c[10]}")
-@pytest.mark.parametrize("int8_path", ["auto", "portable"])
-def test_depthwise_kernels_against_int64_reference(case, int8_path, monkeypatch):
-    """Both depthwise kernels (VNNI where the CPU has it; the float one on the portable
-    path): channel blocks of 64 and 16 and a ragged tail, padding on every side, kernel
-    rows in groups of four, weights that fit int8 after their zero point and that do not."""
+@pytest.mark.parametrize("int8_path, serial_max", [("auto", None), ("auto", 0),
+                                                   ("portable", None)],
+                         ids=["vnni-serial", "vnni-parallel", "portable"])
+def test_depthwise_kernels_against_int64_reference(case, int8_path, serial_max, monkeypatch):
+    """Both depthwise kernels (VNNI where the CPU has it, on the calling thread and in
+    parallel; the float one on the portable path): channel blocks of 64 and 16 and a
+    ragged tail, padding on every side, kernel rows in groups of four, weights that fit
+    int8 after their zero point and that do not."""
     nd, n, c, size, k, s, p, d, xdt, (wlo, whi), wzp_kind = case
     tup = lambda v: (v,) * nd if isinstance(v, int) else tuple(v)  # noqa: E731
     rng = np.random.default_rng(c)
@@ -180,6 +184,8 @@ def test_depthwise_kernels_against_int64_reference(case, int8_path, monkeypatch)
     ws = rng.uniform(1e-3, 2e-2, c)
     conv_args = dict(stride=tup(s), padding=tup(p), dilation=tup(d), groups=c)
     monkeypatch.setattr(cpu, "_forced", int8_path)
+    if serial_max is not None:
+        monkeypatch.setattr(depthwise_kernels, "SERIAL_MAX_MACS", serial_max)
     acc = ref_acc(x, xzp, w, wzp, **conv_args)
     raw = qconv(x, 0.02, xzp, w, ws, wzp, out_dtype=np.int32, algo="depthwise", **conv_args)
     assert_equal_q(raw, acc, "raw accumulator")

@@ -272,9 +272,13 @@ def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
                             problem.groups, path)
     if path == "depthwise_vnni":
         assert packed.dw_term is not None
-        depthwise_kernels.conv_depthwise_vnni(
-            xu, flip, xzp_u, packed.data, packed.dw_term, packed.wzp, packed.dw_raw,
-            plan.geometry, numba.get_num_threads(), *args)
+        dw_args = (xu, flip, xzp_u, packed.data, packed.dw_term, packed.wzp, packed.dw_raw,
+                   plan.geometry)
+        threads = numba.get_num_threads()
+        if threads == 1 or y.size * packed.kc < depthwise_kernels.SERIAL_MAX_MACS:
+            depthwise_kernels.conv_depthwise_vnni_serial(*dw_args, *args)
+        else:
+            depthwise_kernels.conv_depthwise_vnni(*dw_args, threads, *args)
     elif path == "depthwise":
         xs = xu ^ np.uint8(flip) if flip else xu
         depthwise_kernels.conv_depthwise(xs, xzp_u, packed.data, plan.geometry, *args)

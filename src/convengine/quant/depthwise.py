@@ -38,6 +38,10 @@ from .cpu import _features
 from .kernels import _epilogue
 
 MAX_TAPS = (1 << 24) // (255 * 255)  # the float kernel's exactness bound
+# Below this many multiply-adds the VNNI kernel runs on the calling thread: starting the
+# parallel region (~17 us here, 2 threads) cost more than the second thread saved
+# (MobileNetV2 batch 4: 1.0M no gain, 1.7M slower, 2.7M 1.3x faster with 2 threads).
+SERIAL_MAX_MACS = 2_000_000
 LANES = 16
 HAS_VBMI = bool(_features.get("avx512vbmi"))  # vpermt2b: 64-byte two-source permutes
 _I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -460,14 +464,11 @@ def _row_source(k, rows, n, od, oh, geo, x_shape, xzp):
     return 0, 0, xzp  # row 0 of x: read, then replaced by the fill
 
 
-@njit(parallel=True, cache=True)
-def conv_depthwise_vnni(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, nchunks, mode, mult,
-                        bias_f, bias_i, zp, lo, hi, out):
-    """Depthwise conv by ``vpdpbusd`` (module doc): ``wq``, ``wterm``, ``wzp`` and
-    ``has_wzp`` from :func:`pack_weights`. ``nchunks`` workers (one per thread) take
-    output rows in runs from a shared atomic counter, so a worker slowed down by
-    another process on its core does not hold the others up."""
-    n_img, w_in = x.shape[0], x.shape[3]
+@njit(inline="always")
+def _worker(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult, bias_f, bias_i, zp, lo,
+            hi, out, mult16, bias16, next_row, grab, batch):
+    """One worker of :func:`conv_depthwise_vnni`: its buffers, then runs of ``grab`` output
+    rows from the counter ``next_row`` until none are left, ``batch`` rows a call."""
     kh_n, kw_n = geo[1], geo[2]
     od_n, oh_n, ow_n = geo[12], geo[13], geo[14]
     sw, pw, dw = geo[5], geo[8], geo[11]
@@ -477,46 +478,79 @@ def conv_depthwise_vnni(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, nchunks, mod
     col = c16 * 4  # bytes per buffer column
     wb = (ow_n - 1) * sw + (kw_n - 1) * dw + 1  # buffer columns
     plane = wb * col
-    bx_lo, bx_hi = min(pw, wb), max(min(pw, wb), min(wb, pw + w_in))
+    region = ngroups * plane  # one output row's buffer
+    bx_lo, bx_hi = min(pw, wb), max(min(pw, wb), min(wb, pw + x.shape[3]))
+    total = x.shape[0] * od_n * oh_n
+    qmin, qmax = np.float32(lo - zp), np.float32(hi - zp)
+    buf = np.empty(batch * region, np.uint8)
+    scratch = np.empty(batch * ow_n * c16 if mode != 0 else 16, np.int32)
+    buf32 = buf.view(np.int32)
+    for k in range(batch):
+        for g in range(ngroups):  # columns outside the input: the zero point
+            lanes = 0  # the int32 lane of 4 bytes: xzp in kernel rows, 0 past them
+            for r in range(4):
+                if 4 * g + r < rows:
+                    lanes |= xzp << (8 * r)
+            fill = np.int32(np.uint32(lanes))
+            for bx in range(wb):
+                if bx < bx_lo or bx >= bx_hi:
+                    base = (k * region + g * plane + bx * col) // 4
+                    for c in range(c16):
+                        buf32[base + c] = fill
     xflat = x.reshape(-1)
     oflat = out.reshape(-1)
+    while True:
+        first = fetch_add(next_row, grab)
+        if first >= total:
+            break
+        for row0 in range(first, min(total, first + grab), batch):
+            _depthwise_rows(row0, min(batch, total - row0), xflat, x.shape, flip, xzp, wq,
+                            wterm, wzp, has_wzp, geo, buf, region, scratch, mode, mult,
+                            bias_f, bias_i, zp, lo, hi, mult16, bias16, qmin, qmax, oflat, out)
+
+
+@njit(inline="always")
+def _schedule(x, wterm, geo, mult, bias_f, mode, nchunks):
+    """Per call: padded constants, the row counter, rows per kernel call (``batch``:
+    about 32 pixels, spreading each call's set-up of weights and constants, in at most
+    256 KiB of buffer) and rows a worker takes at a time (``grab``, a multiple)."""
+    c16 = wterm.shape[0]
     ragged = c16 != x.shape[4]
     mult16 = _padded16(mult, c16) if ragged else mult
     bias16 = _padded16(bias_f, c16) if ragged and mode == 0 else bias_f
-    qmin, qmax = np.float32(lo - zp), np.float32(hi - zp)
-    total = n_img * od_n * oh_n
-    region = ngroups * plane  # one output row's buffer
-    next_row = np.empty(1, np.int64)
-    next_row[0] = 0
-    # rows per kernel call: about 32 pixels, spreading each call's set-up (weights,
-    # constants), in at most 256 KiB of buffer; a worker takes a multiple at a time
+    ow_n = geo[14]
+    region = ((geo[0] * geo[1] + 3) // 4) * ((ow_n - 1) * geo[5] + (geo[2] - 1) * geo[11] + 1) \
+        * c16 * 4
+    total = x.shape[0] * geo[12] * geo[13]
     batch = max(1, min(8, -(-32 // ow_n), (1 << 18) // region))
     grab = batch * max(1, total // (8 * nchunks * batch))
-    for _worker in prange(nchunks):
-        buf = np.empty(batch * region, np.uint8)
-        scratch = np.empty(batch * ow_n * c16 if mode != 0 else 16, np.int32)
-        buf32 = buf.view(np.int32)
-        for k in range(batch):
-            for g in range(ngroups):  # columns outside the input: the zero point
-                lanes = 0  # the int32 lane of 4 bytes: xzp in kernel rows, 0 past them
-                for r in range(4):
-                    if 4 * g + r < rows:
-                        lanes |= xzp << (8 * r)
-                fill = np.int32(np.uint32(lanes))
-                for bx in range(wb):
-                    if bx < bx_lo or bx >= bx_hi:
-                        base = (k * region + g * plane + bx * col) // 4
-                        for c in range(c16):
-                            buf32[base + c] = fill
-        while True:
-            first = fetch_add(next_row, grab)
-            if first >= total:
-                break
-            for row0 in range(first, min(total, first + grab), batch):
-                _depthwise_rows(row0, min(batch, total - row0), xflat, x.shape, flip, xzp, wq,
-                                wterm, wzp, has_wzp, geo, buf, region, scratch, mode, mult,
-                                bias_f, bias_i, zp, lo, hi, mult16, bias16, qmin, qmax, oflat,
-                                out)
+    next_row = np.empty(1, np.int64)
+    next_row[0] = 0
+    return mult16, bias16, next_row, grab, batch
+
+
+@njit(parallel=True, cache=True)
+def conv_depthwise_vnni(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, nchunks, mode, mult,
+                        bias_f, bias_i, zp, lo, hi, out):
+    """Depthwise conv by ``vpdpbusd`` (module doc): ``wq``, ``wterm``, ``wzp`` and
+    ``has_wzp`` from :func:`pack_weights`. ``nchunks`` workers (one per thread) take
+    output rows in runs from a shared atomic counter, so a worker slowed down by
+    another process on its core does not hold the others up."""
+    mult16, bias16, next_row, grab, batch = _schedule(x, wterm, geo, mult, bias_f, mode,
+                                                      nchunks)
+    for _worker_id in prange(nchunks):
+        _worker(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult, bias_f, bias_i, zp,
+                lo, hi, out, mult16, bias16, next_row, grab, batch)
+
+
+@njit(cache=True)
+def conv_depthwise_vnni_serial(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult,
+                               bias_f, bias_i, zp, lo, hi, out):
+    """:func:`conv_depthwise_vnni` on the calling thread, without a parallel region
+    (whose start costs more than a second thread saves on small layers)."""
+    mult16, bias16, next_row, grab, batch = _schedule(x, wterm, geo, mult, bias_f, mode, 1)
+    _worker(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult, bias_f, bias_i, zp, lo,
+            hi, out, mult16, bias16, next_row, grab, batch)
 
 
 @njit(inline="always")
