@@ -193,3 +193,17 @@ def test_depthwise_kernels_match_torch(xs, k, args) -> None:
                                           padding=pad, **kw).numpy()
     np.testing.assert_allclose(np.moveaxis(y, -1, 1), expected, rtol=0, atol=2e-5 * (
         1 + np.abs(expected).max()))
+
+
+def test_depthwise_reports_its_workspace() -> None:
+    """Transposed weights (9 taps x 8 channels) and one buffer of padded input columns
+    (3 rows x (6 - 1 + 3) columns x 8 channels) per thread, float32."""
+    previous = ce.get_num_threads()
+    ce.set_num_threads(2)
+    try:
+        x = np.zeros((1, 6, 6, 8), np.float32)
+        w = np.zeros((8, 3, 3, 1), np.float32)
+        explanation = ce.explain(x, w, padding=1, groups=8, layout="NHWC")
+        assert explanation.workspace_bytes["direct"] == (9 * 8 + 2 * 3 * 8 * 8) * 4
+    finally:
+        ce.set_num_threads(previous)

@@ -262,11 +262,19 @@ class Plan(NamedTuple):
     """A depthwise 2-D (or 1-D) conv, ready to run: ``plan(x, w) -> y``."""
 
     kernel: Callable[..., None]
+    key: tuple[int, ...]  # KH, KW, width stride, width dilation
     x4: tuple[int, ...]  # x seen as (N, H, W, C)
     y_shape: tuple[int, ...]  # y as returned, channels-last
     y4: tuple[int, ...]  # y seen as (N, OH, OW, C)
     flip: bool  # taps reversed (backward-data as a forward conv)
     args: tuple[int, ...]  # sh, ph, pw, row_parts, channel_parts
+
+    def workspace_bytes(self, itemsize: int) -> int:
+        """The transposed weights plus each task's buffer for padded input columns."""
+        n, oh, ow, c = self.y4
+        kh_, kw_, sw, dw = self.key[:4]
+        buffers = self.args[3] * self.args[4] * kh_ * ((ow - 1) * sw + (kw_ - 1) * dw + 1) * c
+        return (kh_ * kw_ * c + buffers) * itemsize
 
     def __call__(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """x (N, *S, C), w (C, *K, 1), both C-contiguous -> y (N, *S_out, C)."""
@@ -304,8 +312,8 @@ def _plan(problem: ConvProblem, x_size: tuple[int, ...], y_size: tuple[int, ...]
     x4 = (n, *_as2d(x_size, 1), c)
     y4 = (n, *_as2d(y_size, 1), c)
     parts = _split(y4[0] * y4[1], c, get_num_threads())
-    return Plan(depthwise2d_kernel(kh_, kw_, sw, dh, dw), x4, (n, *y_size, c), y4, flip,
-                (sh, ph, pw, *parts))
+    return Plan(depthwise2d_kernel(kh_, kw_, sw, dh, dw), (kh_, kw_, sw, dw), x4,
+                (n, *y_size, c), y4, flip, (sh, ph, pw, *parts))
 
 
 @functools.lru_cache(maxsize=256)

@@ -288,6 +288,13 @@ def _slices(problem: ConvProblem) -> int:
 
 
 def _workspace(problem: ConvProblem) -> int:
+    plan = None
+    if problem.pass_ == "forward":
+        plan = forward_plan(problem)
+    elif problem.pass_ == "backward_data":
+        plan = backward_data_plan(problem)
+    if plan is not None:
+        return plan.workspace_bytes(problem.compute_dtype.itemsize)
     w_bytes = problem.out_channels * int(np.prod(problem.kernel)) * problem.in_per_group
     w_bytes *= problem.compute_dtype.itemsize
     if problem.pass_ == "backward_weight":
