@@ -362,7 +362,7 @@ def _plan(problem: ConvProblem, m: int) -> tuple[int, int, int]:
     nkb = -(-problem.out_channels // width)
     split_k = parts > 1 and nkb >= parts and total < parts * SPLIT_K_TILES
     parts_k = parts if split_k else 1
-    share = -(-total // (parts // parts_k))
+    share = max(1, -(-total // (parts // parts_k)))  # batch 0: the plan of one tile
     alpha2, itemsize = (m + 2) ** problem.ndim, problem.compute_dtype.itemsize
     most = BLOCK_BYTES // (alpha2 * (problem.in_channels + width) * itemsize)
     if alpha2 * problem.in_channels * nkb * width * itemsize > CACHED_U_BYTES * parts_k:
