@@ -140,29 +140,45 @@ def _nhwc(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(a, 1, -1))
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.fixture
+def depthwise_threads(request, monkeypatch):
+    """1: the serial kernel; 2: the parallel kernel with two tasks (however small)."""
+    from convengine.algorithms import depthwise
+
+    monkeypatch.setattr(depthwise, "SERIAL_MACS", 0)
+    previous = ce.get_num_threads()
+    ce.set_num_threads(request.param)
+    for cached in (depthwise._forward_plan, depthwise._backward_data_plan):
+        cached.cache_clear()
+    yield request.param
+    ce.set_num_threads(previous)
+    for cached in (depthwise._forward_plan, depthwise._backward_data_plan):
+        cached.cache_clear()
+
+
+@pytest.mark.parametrize("depthwise_threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize(("xs", "k", "args"), [c[1:] for c in DEPTHWISE],
                          ids=[c[0] for c in DEPTHWISE])
-def test_depthwise_kernels_forward_and_backward_data(xs, k, args, dtype, threads) -> None:
+def test_depthwise_kernels_forward_and_backward_data(xs, k, args, dtype,
+                                                      depthwise_threads) -> None:
     from convengine.algorithms import depthwise
 
     rng = np.random.default_rng(abs(hash((xs, k))) % 2**32)
     x, w, kw = _depthwise_case(xs, k, args, dtype, rng)
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
-    previous = ce.get_num_threads()
-    ce.set_num_threads(threads)
-    try:
-        problem = ce.explain(_nhwc(x), _nhwc(w), layout="NHWC", **kw).problem
-        assert depthwise.forward_plan(problem) is not None, "not served by depthwise.py"
-        y = ce.conv(x, w, algo="direct", **kw)
-        assert_close(y, ce.conv(x64, w64, algo="reference", **kw), dtype)
-        dy = rng.standard_normal(y.shape).astype(dtype)
-        dx = ce.conv_backward_data(dy, w, x.shape, algo="direct", **kw)
-        ref = ce.conv_backward_data(dy.astype(np.float64), w64, x.shape, algo="reference", **kw)
-        assert_close(dx, ref, dtype)
-    finally:
-        ce.set_num_threads(previous)
+    problem = ce.explain(_nhwc(x), _nhwc(w), layout="NHWC", **kw).problem
+    plan = depthwise.forward_plan(problem)
+    assert plan is not None, "not served by depthwise.py"
+    rows, channels = plan.y4[0] * plan.y4[1], plan.y4[3]
+    parts = (1, 1) if depthwise_threads == 1 else depthwise._split(rows, channels, 2)
+    assert plan.args[3:] == parts
+    y = ce.conv(x, w, algo="direct", **kw)
+    assert_close(y, ce.conv(x64, w64, algo="reference", **kw), dtype)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    dx = ce.conv_backward_data(dy, w, x.shape, algo="direct", **kw)
+    ref = ce.conv_backward_data(dy.astype(np.float64), w64, x.shape, algo="reference", **kw)
+    assert_close(dx, ref, dtype)
 
 
 def test_depthwise_backward_data_uses_the_kernels_at_stride_1_only() -> None:
@@ -195,15 +211,26 @@ def test_depthwise_kernels_match_torch(xs, k, args) -> None:
         1 + np.abs(expected).max()))
 
 
-def test_depthwise_reports_its_workspace() -> None:
+@pytest.mark.parametrize("depthwise_threads", [1, 2], indirect=True)
+def test_depthwise_reports_its_workspace(depthwise_threads) -> None:
     """Transposed weights (9 taps x 8 channels) and one buffer of padded input columns
-    (3 rows x (6 - 1 + 3) columns x 8 channels) per thread, float32."""
+    (3 rows x (6 - 1 + 3) columns x 8 channels) per task, float32."""
+    x = np.zeros((1, 6, 6, 8), np.float32)
+    w = np.zeros((8, 3, 3, 1), np.float32)
+    explanation = ce.explain(x, w, padding=1, groups=8, layout="NHWC")
+    assert explanation.workspace_bytes["direct"] == (9 * 8 + depthwise_threads * 3 * 8 * 8) * 4
+
+
+def test_depthwise_runs_small_problems_on_the_calling_thread() -> None:
+    from convengine.algorithms import depthwise
+
     previous = ce.get_num_threads()
     ce.set_num_threads(2)
     try:
-        x = np.zeros((1, 6, 6, 8), np.float32)
-        w = np.zeros((8, 3, 3, 1), np.float32)
-        explanation = ce.explain(x, w, padding=1, groups=8, layout="NHWC")
-        assert explanation.workspace_bytes["direct"] == (9 * 8 + 2 * 3 * 8 * 8) * 4
+        w = np.zeros((144, 3, 3, 1), np.float32)
+        for size, parts in ((8, (1, 1)), (56, (2, 1))):  # 0.08M and 4.1M multiply-adds
+            x = np.zeros((1, size, size, 144), np.float32)
+            problem = ce.explain(x, w, padding=1, groups=144, layout="NHWC").problem
+            assert depthwise.forward_plan(problem).args[3:] == parts
     finally:
         ce.set_num_threads(previous)

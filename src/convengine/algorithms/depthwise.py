@@ -14,7 +14,8 @@ this CPU through numba is 256-bit): ``OW_BLOCK`` adjacent output pixels times
 the last channels. Output pixels whose taps all fall inside x read x in place;
 the others (the first and last columns, rows near the top and bottom) read a
 zero-padded copy of just the input columns they need. The work is one task per
-thread: a block of output rows or, when that balances better, a slice of channels.
+thread, a block of output rows (a slice of channels when there are fewer rows than
+threads), or all on the calling thread below SERIAL_MACS multiply-adds.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ OW_BLOCK = 4  # output pixels per register block
 NVEC = 2  # vectors of channels per register block
 GRAIN = 16  # channel slices of a split start at multiples of this
 MAX_TAPS = 9
+# Below this many multiply-adds the calling thread does it all: starting the parallel
+# region cost more than the second thread saved (b1 MobileNetV2 layers of 0.25-1.35M:
+# serial 1.3-2.3x faster, interleaved with PyTorch on a busy 2-core host).
+SERIAL_MACS = 2_000_000
 
 
 def _block_intrinsic(kh_: int, kw_: int, sw: int, dw: int, width: int) -> Any:
@@ -174,13 +179,16 @@ def _fill(buf, i, x, n, ih, col0, width, c0):
                 buf[i, k, c] = 0
 
 
-_KERNELS: dict[tuple[int, ...], Callable[..., None]] = {}
+_KERNELS: dict[tuple[int, ...], tuple[Callable[..., None], Callable[..., None]]] = {}
 
 
-def depthwise2d_kernel(kh_: int, kw_: int, sw_: int, dh_: int, dw_: int) -> Callable[..., None]:
-    """The compiled kernel for one (KH, KW) kernel shape, width stride and dilations:
-    ``kernel(x (N,H,W,C), w (C, KH*KW), y (N,OH,OW,C), flip, sh, ph, pw, row_parts,
-    channel_parts)`` overwrites y; ``flip`` reverses the taps."""
+def depthwise2d_kernel(
+    kh_: int, kw_: int, sw_: int, dh_: int, dw_: int
+) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The kernels (parallel, serial) for one (KH, KW) kernel shape, width stride and
+    dilations: ``kernel(x (N,H,W,C), w (C, KH*KW), y (N,OH,OW,C), flip, sh, ph, pw,
+    row_parts, channel_parts)`` overwrites y; ``flip`` reverses the taps. The serial
+    one runs its tasks in turn on the calling thread."""
     key = (kh_, kw_, sw_, dh_, dw_)
     if key in _KERNELS:
         return _KERNELS[key]
@@ -224,7 +232,6 @@ def depthwise2d_kernel(kh_: int, kw_: int, sw_: int, dh_: int, dw_: int) -> Call
                           (ow_ - 1 - hi) * sw_ + reach, c0)
                 span(y, yo, buf, 0, plane, cb, wk, c0, cb, hi, ow_, 0)
 
-    @njit(parallel=True, nogil=True)
     def kernel(x, w, y, flip, sh, ph, pw, row_parts, channel_parts):  # noqa: PLR0913
         c_ = x.shape[3]
         wk = np.empty((kh_, kw_, c_), dtype=y.dtype)  # taps outermost, channels innermost
@@ -244,8 +251,8 @@ def depthwise2d_kernel(kh_: int, kw_: int, sw_: int, dh_: int, dw_: int) -> Call
             task(x, wk, y, buf, p * rows // row_parts, (p + 1) * rows // row_parts,
                  c0, sh, ph, pw)
 
-    _KERNELS[key] = kernel
-    return kernel
+    _KERNELS[key] = (njit(parallel=True, nogil=True)(kernel), njit(nogil=True)(kernel))
+    return _KERNELS[key]
 
 
 def _split(rows: int, channels: int, threads: int) -> tuple[int, int]:
@@ -311,9 +318,13 @@ def _plan(problem: ConvProblem, x_size: tuple[int, ...], y_size: tuple[int, ...]
     ph, pw = _as2d(pad, 0)
     x4 = (n, *_as2d(x_size, 1), c)
     y4 = (n, *_as2d(y_size, 1), c)
-    parts = _split(y4[0] * y4[1], c, get_num_threads())
-    return Plan(depthwise2d_kernel(kh_, kw_, sw, dh, dw), (kh_, kw_, sw, dw), x4,
-                (n, *y_size, c), y4, flip, (sh, ph, pw, *parts))
+    parallel, serial = depthwise2d_kernel(kh_, kw_, sw, dh, dw)
+    threads = get_num_threads()
+    if threads == 1 or math.prod(y4) * kh_ * kw_ < SERIAL_MACS:
+        kernel, parts = serial, (1, 1)
+    else:
+        kernel, parts = parallel, _split(y4[0] * y4[1], c, threads)
+    return Plan(kernel, (kh_, kw_, sw, dw), x4, (n, *y_size, c), y4, flip, (sh, ph, pw, *parts))
 
 
 @functools.lru_cache(maxsize=256)
