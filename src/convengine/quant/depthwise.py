@@ -12,13 +12,16 @@ input column ``bx - pw``), so one ``vpdpbusd`` adds four taps of 16 channels:
     acc[c] = xzp * wterm[c] + sum_{g, kw} dot4(buf[g, ow * sw + kw * dw, c], wq[g, kw, c])
 
 Columns and rows outside the input hold the zero point ``xzp`` (they then add
-``(xzp - xzp) * w = 0`` to the exact sum), rows past ``R`` hold 0 against zero
-weights. Weights are packed (:func:`pack_weights`) as ``d = w - wzp`` when every
-``d`` fits int8, else as ``w`` with ``- wzp[c] * sum_t x_t`` added through a second
-``vpdpbusd`` on ones; ``wterm = T * wzp - sum_t w_t`` (int32 arithmetic wraps, and
-the true sum fits, so the result is exact).
-Mode 0 requantizes 16 channels in float32 exactly as ``kernels._epilogue``
-(see :func:`_requant_codegen`), others go through ``_epilogue`` per value.
+``(xzp - xzp) * w = 0`` to the exact sum), rows past ``R`` hold 0 (the fourth of a
+group of three: anything) against zero weights. Weights are packed
+(:func:`pack_weights`) as ``d = w - wzp`` when every ``d`` fits int8, else as ``w``
+with ``- wzp[c] * sum_t x_t`` added through a second ``vpdpbusd`` on ones;
+``wterm = T * wzp - sum_t w_t`` (int32 arithmetic wraps, and the true sum fits, so
+the result is exact). Mode 0 requantizes 16 channels in float32 exactly as
+``kernels._epilogue`` (see :func:`_requant_codegen`), others go through ``_epilogue``
+per value. Each row kernel call covers several output rows (about 32 pixels); workers take rows from an
+atomic counter; :func:`conv_depthwise_vnni_serial` is the same without threads, for
+layers below ``SERIAL_MAX_MACS``.
 
 :func:`conv_depthwise` (any CPU): float32 products and sums of integers below 2**24,
 hence exact; used where VNNI is missing or the portable int8 path is forced.
