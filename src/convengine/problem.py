@@ -171,9 +171,21 @@ def as_array(value: Any, name: str) -> np.ndarray:
         ) from exc
 
 
+_DTYPE_NAMES: dict[np.dtype, str] = {}  # numpy builds ``dtype.name`` in Python: slow
+
+
+def dtype_name(dtype: Any) -> str:
+    """``np.dtype(dtype).name``, remembered per dtype."""
+    dtype = np.dtype(dtype)
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.name
+    return name
+
+
 def float_dtype_name(dtype: np.dtype) -> str | None:
     """'float32' etc. for the float dtypes the engine computes in, else None."""
-    name = np.dtype(dtype).name
+    name = dtype_name(dtype)
     return name if name in FLOAT_DTYPES else None
 
 
@@ -182,7 +194,7 @@ def check_float_dtypes(**arrays: np.ndarray) -> str:
 
     Integer inputs belong to the quantized API; complex inputs are not supported.
     """
-    names = {arg: np.dtype(a.dtype).name for arg, a in arrays.items()}
+    names = {arg: dtype_name(a.dtype) for arg, a in arrays.items()}
     listing = ", ".join(f"{arg}.dtype={dt}" for arg, dt in names.items())
     for arg, dt in names.items():
         if float_dtype_name(np.dtype(dt)) is None:
@@ -335,7 +347,43 @@ def split_shape(shape: tuple[int, ...], layout: str) -> tuple[int, int, tuple[in
     return shape[0], shape[-1], tuple(shape[1:-1])
 
 
-def make_problem(
+_PROBLEMS: dict[tuple, ConvProblem] = {}  # make_problem's answers by its arguments
+_PROBLEMS_MAX = 4096
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable key for an argument that tells ``1`` from ``True`` and ``1.0``, also
+    inside tuples and lists; TypeError if the argument is not hashable."""
+    kind = type(value)
+    if kind is int or kind is str:
+        return value
+    if kind is tuple or kind is list:
+        return (kind, tuple(v if type(v) is int else _frozen(v) for v in value))
+    hash(value)
+    return (kind, value)
+
+
+def make_problem(pass_: str, x_shape: Sequence[int], w_shape: Sequence[int], **kwargs: Any
+                 ) -> ConvProblem:
+    """Validate the forward shapes (x, w) and build the problem for one pass (see
+    :func:`build_problem`). Repeated calls with equal arguments (the steady state of
+    a model) get the problem built the first time: building it costs tens of
+    microseconds, a lookup one."""
+    try:
+        key = (pass_, _frozen(x_shape), _frozen(w_shape),
+               *((name, _frozen(v)) for name, v in sorted(kwargs.items())))
+    except TypeError:  # an unhashable argument (e.g. an array as padding): no memo
+        return build_problem(pass_, x_shape, w_shape, **kwargs)
+    problem = _PROBLEMS.get(key)
+    if problem is None:
+        problem = build_problem(pass_, x_shape, w_shape, **kwargs)
+        if len(_PROBLEMS) >= _PROBLEMS_MAX:
+            _PROBLEMS.clear()
+        _PROBLEMS[key] = problem
+    return problem
+
+
+def build_problem(
     pass_: str,
     x_shape: Sequence[int],
     w_shape: Sequence[int],
