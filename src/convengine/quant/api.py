@@ -6,6 +6,7 @@ errors read as in the float API) and :mod:`.numerics` for scales and zero points
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -153,7 +154,7 @@ def qconv(
             dilation, groups, layout, algo)
     plan = _cached_plan(args)
     problem = plan.problem
-    y = np.empty((problem.batch * int(np.prod(problem.out_size)), problem.out_channels),
+    y = np.empty((problem.batch * math.prod(problem.out_size), problem.out_channels),
                  dtype=plan.out_dtype)
     if y.size:
         _run(plan, _canonical(x, problem), w, y)
@@ -180,7 +181,7 @@ class Plan:
 _plans: OrderedDict[Any, Plan] = OrderedDict()
 
 
-_SIMPLE = (int, float, str, bool, type(None), np.dtype)
+_SIMPLE = frozenset({int, float, str, bool, type(None), np.dtype})
 
 
 def _key(value: Any) -> Any:
@@ -203,7 +204,7 @@ def _key(value: Any) -> Any:
 def _cached_plan(args: tuple) -> Plan:
     """:func:`_plan` memoised on the arguments' values (never their identity)."""
     try:
-        key = (cpu.int8_path(), *(_key(a) for a in args))
+        key = (cpu.int8_path(), *map(_key, args))
         hash(key)
     except TypeError:  # an unhashable argument (e.g. a tensor scale): plan afresh
         return _plan(*args)
