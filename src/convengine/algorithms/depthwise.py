@@ -51,16 +51,18 @@ MAX_TAPS = 9
 SERIAL_MACS = 2_000_000
 
 
-def _block_intrinsic(kh_: int, kw_: int, sw: int, dw: int, width: int) -> Any:
-    """An ``@intrinsic`` computing ``width`` adjacent output pixels for one vector of
+def _block_intrinsic(  # noqa: PLR0913
+    kh_: int, kw_: int, sw: int, dw: int, width: int, j0: int = 0, j1: int | None = None
+) -> Any:
+    """An ``@intrinsic`` computing ``width`` adjacent output pixels for NVEC vectors of
     channels (the first ``valid`` lanes; the rest are neither read nor written):
 
         y.flat[yo + b*C + l] = sum_{i, j} a.flat[ao + i*rs + (b*sw + j*dw)*cs + l]
                                           * wk.flat[wo + (i*KW + j)*C + l]
 
-    summed over the taps in order, in registers (``llvm.fma`` on 512-bit vectors:
-    LLVM's default for this CPU through numba would use 256-bit ones)."""
-    taps = [(i, j) for i in range(kh_) for j in range(kw_)]
+    over taps ``j0 <= j < j1`` (default all), in order, in registers (``llvm.fma`` on
+    512-bit vectors: LLVM's default for this CPU through numba would use 256-bit)."""
+    taps = [(i, j) for i in range(kh_) for j in range(j0, kw_ if j1 is None else j1)]
 
     @intrinsic
     def block(typingctx, y, yo, a, ao, rs, cs, wk, wo, c_, valid):  # noqa: PLR0913
@@ -161,6 +163,26 @@ def _span_source(sw: int) -> str:
     return "\n".join(body) + "\n"
 
 
+def _edge_source(kw_: int) -> str:
+    """Source of ``edge(y, yo, a, ao, rs, cs, wk, c0, cb, j0, j1)``: one output pixel
+    over the taps ``j0 <= j < j1`` of each row only (the others fall outside x), all
+    channels in vectors; ``ao`` addresses tap column 0 (which may lie before x)."""
+    body = [
+        "def edge(y, yo, a, ao, rs, cs, wk, c0, cb, j0, j1):",
+        "    c_ = y.shape[3]",
+        "    lanes = NVEC * VECTOR_BYTES // y.itemsize",
+    ]
+    windows = [(lo, hi) for lo in range(kw_) for hi in range(lo + 1, kw_ + 1)]
+    for k, (lo, hi) in enumerate(windows):
+        body += [
+            f"    {'if' if k == 0 else 'elif'} j0 == {lo} and j1 == {hi}:",
+            "        for cc in range(0, cb, lanes):",
+            f"            edge_{lo}_{hi}(y, yo + cc, a, ao + cc, rs, cs, wk, c0 + cc, c_,"
+            " min(lanes, cb - cc))",
+        ]
+    return "\n".join(body) + "\n"
+
+
 @njit(**NOALIAS)
 def _fill(buf, i, x, n, ih, col0, width, c0):
     """buf[i, k, :] <- x[n, ih, col0 + k, c0:c0+cb] for k < width; zero where the
@@ -195,15 +217,21 @@ def depthwise2d_kernel(
     scope: dict[str, Any] = {"VECTOR_BYTES": VECTOR_BYTES, "OW_BLOCK": OW_BLOCK, "NVEC": NVEC}
     for width in range(1, OW_BLOCK + 1):
         scope[f"block{width}"] = _block_intrinsic(kh_, kw_, sw_, dw_, width)
+    for j0 in range(kw_):
+        for j1 in range(j0 + 1, kw_ + 1):
+            scope[f"edge_{j0}_{j1}"] = _block_intrinsic(kh_, kw_, sw_, dw_, 1, j0, j1)
     exec(_span_source(sw_), scope)  # noqa: S102
+    exec(_edge_source(kw_), scope)  # noqa: S102
     span = njit(**NOALIAS)(scope["span"])
+    edge = njit(**NOALIAS)(scope["edge"])
     reach = (kw_ - 1) * dw_ + 1  # input columns one output pixel reads
 
     @njit(**NOALIAS)
     def task(x, wk, y, buf, r0, r1, c0, sh, ph, pw):  # noqa: PLR0913
         """Output rows r0:r1 (over n and oh) of channels c0:c0+cb, cb = buf.shape[2].
-        Interior pixels read x in place; pixels with a tap outside x read zero-padded
-        copies of their input columns in buf (KH, Wp, cb)."""
+        Pixels of rows whose taps all fall inside x read x in place (the first and
+        last columns with only the taps inside x); rows with taps above or below x
+        read zero-padded copies of their input rows in buf (KH, Wp, cb)."""
         h_, w_, c_ = x.shape[1], x.shape[2], x.shape[3]
         oh_, ow_ = y.shape[1], y.shape[2]
         cb = buf.shape[2]
@@ -211,26 +239,32 @@ def depthwise2d_kernel(
         # columns whose taps all fall inside x: [lo, hi)
         lo = min(ow_, (pw + sw_ - 1) // sw_)
         hi = max(lo, min(ow_, (w_ - 1 + pw - (reach - 1)) // sw_ + 1))
+        # the other columns' taps inside x, j0 <= j < j1; rows of buf if one is empty
+        windows = np.empty((ow_, 2), dtype=np.intp)
+        padded = False
+        for ow in range(ow_):
+            first = ow * sw_ - pw
+            j0 = min(kw_, max(0, (-first + dw_ - 1) // dw_))
+            j1 = max(0, min(kw_, (w_ - 1 - first) // dw_ + 1))
+            windows[ow, 0], windows[ow, 1] = j0, j1
+            padded = padded or j0 >= j1
         for r in range(r0, r1):
             n, oh = r // oh_, r % oh_
             ih0 = oh * sh - ph
             yo = (n * oh_ + oh) * ow_ * c_ + c0
-            if ih0 < 0 or ih0 + (kh_ - 1) * dh_ >= h_:
+            if padded or ih0 < 0 or ih0 + (kh_ - 1) * dh_ >= h_:
                 for i in range(kh_):
                     _fill(buf, i, x, n, ih0 + i * dh_, -pw, buf.shape[1], c0)
                 span(y, yo, buf, 0, plane, cb, wk, c0, cb, 0, ow_, 0)
                 continue
-            if lo > 0:
-                for i in range(kh_):
-                    _fill(buf, i, x, n, ih0 + i * dh_, -pw, (lo - 1) * sw_ + reach, c0)
-                span(y, yo, buf, 0, plane, cb, wk, c0, cb, 0, lo, 0)
-            span(y, yo, x, ((n * h_ + ih0) * w_) * c_ + c0, dh_ * w_ * c_, c_, wk, c0, cb,
-                 lo, hi, lo * sw_ - pw)
-            if hi < ow_:
-                for i in range(kh_):
-                    _fill(buf, i, x, n, ih0 + i * dh_, hi * sw_ - pw,
-                          (ow_ - 1 - hi) * sw_ + reach, c0)
-                span(y, yo, buf, 0, plane, cb, wk, c0, cb, hi, ow_, 0)
+            row = ((n * h_ + ih0) * w_) * c_ + c0
+            for ow in range(lo):
+                edge(y, yo + ow * c_, x, row + (ow * sw_ - pw) * c_, dh_ * w_ * c_, c_, wk,
+                     c0, cb, windows[ow, 0], windows[ow, 1])
+            span(y, yo, x, row, dh_ * w_ * c_, c_, wk, c0, cb, lo, hi, lo * sw_ - pw)
+            for ow in range(hi, ow_):
+                edge(y, yo + ow * c_, x, row + (ow * sw_ - pw) * c_, dh_ * w_ * c_, c_, wk,
+                     c0, cb, windows[ow, 0], windows[ow, 1])
 
     def kernel(x, w, y, flip, sh, ph, pw, row_parts, channel_parts):  # noqa: PLR0913
         c_ = x.shape[3]
