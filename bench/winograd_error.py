@@ -3,6 +3,8 @@
 For every ResNet-50 3x3 stride-1 layer (batch 1, float32 operands drawn N(0, 1) for
 x and He-scaled for w), prints max |y - y64| / max |y64| and the RMS relative error
 of winograd (F(2x2,3x3)), winograd4 (F(4x4,3x3)), direct and PyTorch if installed.
+Measured 2026-11-29 23:31 UTC (fused kernel, GEMM partial sums of 128 channels): max
+2.9e-7..4.6e-7 (F2) and 4.5e-6..8.8e-6 (F4), against 2.5e-7..3.3e-7 for PyTorch.
 
     python bench/winograd_error.py
 """
