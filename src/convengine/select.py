@@ -8,6 +8,7 @@ mode (``convengine.set_tuning``) ``auto`` first asks the tuner (``tune/``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from . import exactness, registry
@@ -25,10 +26,15 @@ PREFERENCE = (
 # ``blocked`` leads where the im2col GEMM would be thin: fewer input channels than this
 # (the 3-channel stems: 2-4x im2col's speed there, measured 2026-11-29)
 BLOCKED_MAX_CHANNELS = 16
-# Winograd only on outputs at least this long in every spatial dim: ResNet-50's 14x14
-# and 7x7 layers waste up to 30% of F(4x4) tiles on padding and give the Winograd-
-# domain GEMMs too few rows; im2col ran 1.2-3.7x faster there (2026-11-29).
-WINOGRAD_MIN_OUTPUT = 16
+# Winograd (fused kernel) where its transformed weights, re-read on every call, meet
+# enough output tiles: at least WINOGRAD_MIN_TILES tiles of the variant's own size
+# per call, on outputs of WINOGRAD_MIN_OUTPUT or more per dim. Measured 2026-11-30 on
+# ResNet-50's 3x3 layers: F(4x4) best on 56x56 and 28x28 at batch 1 and 8 (49+ tiles)
+# and on 14x14 at batch 8; F(2x2) best on 14x14 at batch 1; im2col on 7x7 (batch 8:
+# 1.33x PyTorch against F(4x4)'s 1.16 and F(2x2)'s 0.85).
+WINOGRAD_MIN_OUTPUT = 8
+WINOGRAD_MIN_TILES = 40
+WINOGRAD_TILE = {"winograd": 2, "winograd4": 4}  # output tile per spatial dim
 DEPTHWISE_PREFERENCE = ("direct", "im2col", "reference")
 
 
@@ -49,8 +55,8 @@ def _suits(problem: ConvProblem, algo: Algorithm) -> bool:
     """Speed and accuracy rules on top of ``supports``: exact algorithms only where
     ``exactness`` says so (float64, or inexact ones switched off); inexact ones
     (Winograd) and implicit_gemm's per-tap GEMMs only from 16 channels, Winograd only
-    on outputs of ``WINOGRAD_MIN_OUTPUT`` or more per dim; ``blocked`` only below
-    ``BLOCKED_MAX_CHANNELS`` input channels."""
+    with enough tiles (``WINOGRAD_MIN_TILES``, ``WINOGRAD_MIN_OUTPUT``); ``blocked``
+    only below ``BLOCKED_MAX_CHANNELS`` input channels."""
     if not exactness.eligible(algo, problem):
         return False
     if algo.name == "implicit_gemm" and problem.in_channels < 16:
@@ -59,9 +65,14 @@ def _suits(problem: ConvProblem, algo: Algorithm) -> bool:
         return False
     if not algo.exact and min(problem.in_channels, problem.out_channels) < 16:
         return False  # Winograd's saving is in the GEMM; thin layers pay only transforms
-    if not algo.exact and min(problem.out_size) < WINOGRAD_MIN_OUTPUT:
+    if algo.name in WINOGRAD_TILE and not _enough_tiles(problem, WINOGRAD_TILE[algo.name]):
         return False
     return True
+
+
+def _enough_tiles(problem: ConvProblem, m: int) -> bool:
+    tiles = problem.batch * math.prod(-(-n // m) for n in problem.out_size)
+    return min(problem.out_size) >= WINOGRAD_MIN_OUTPUT and tiles >= WINOGRAD_MIN_TILES
 
 
 def heuristic(problem: ConvProblem) -> Algorithm:
