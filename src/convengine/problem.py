@@ -55,6 +55,18 @@ class ConvProblem:
     dilation: tuple[int, ...]
     has_bias: bool = False
 
+    def __hash__(self) -> int:
+        """Hashed once: a problem keys several caches on every call."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(dataclasses.astuple(self))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the cached hash (string hashes differ between processes)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @property
     def ndim(self) -> int:
         """Spatial rank: 1, 2 or 3."""
@@ -195,6 +207,9 @@ def check_float_dtypes(**arrays: np.ndarray) -> str:
     Integer inputs belong to the quantized API; complex inputs are not supported.
     """
     names = {arg: dtype_name(a.dtype) for arg, a in arrays.items()}
+    kinds = set(names.values())
+    if len(kinds) == 1 and (kind := kinds.pop()) in FLOAT_DTYPES:
+        return kind
     listing = ", ".join(f"{arg}.dtype={dt}" for arg, dt in names.items())
     for arg, dt in names.items():
         if float_dtype_name(np.dtype(dt)) is None:
@@ -351,14 +366,14 @@ _PROBLEMS: dict[tuple, ConvProblem] = {}  # make_problem's answers by its argume
 _PROBLEMS_MAX = 4096
 
 
-def _frozen(value: Any) -> Any:
+def arg_key(value: Any) -> Any:
     """A hashable key for an argument that tells ``1`` from ``True`` and ``1.0``, also
     inside tuples and lists; TypeError if the argument is not hashable."""
     kind = type(value)
     if kind is int or kind is str:
         return value
     if kind is tuple or kind is list:
-        return (kind, tuple(v if type(v) is int else _frozen(v) for v in value))
+        return (kind, tuple(v if type(v) is int else arg_key(v) for v in value))
     hash(value)
     return (kind, value)
 
@@ -370,8 +385,8 @@ def make_problem(pass_: str, x_shape: Sequence[int], w_shape: Sequence[int], **k
     a model) get the problem built the first time: building it costs tens of
     microseconds, a lookup one."""
     try:
-        key = (pass_, _frozen(x_shape), _frozen(w_shape),
-               *((name, _frozen(v)) for name, v in sorted(kwargs.items())))
+        key = (pass_, arg_key(x_shape), arg_key(w_shape),
+               *((name, arg_key(v)) for name, v in sorted(kwargs.items())))
     except TypeError:  # an unhashable argument (e.g. an array as padding): no memo
         return build_problem(pass_, x_shape, w_shape, **kwargs)
     problem = _PROBLEMS.get(key)
