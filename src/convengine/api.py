@@ -68,13 +68,17 @@ def _execute(
     bias: np.ndarray | None = None,
 ) -> np.ndarray:
     """Run one pass; ``a``/``b`` in the problem's layout. Empty problems short-cut."""
-    shape = problem.result_shape()
     if problem.batch == 0:
-        return np.zeros(shape, dtype=out_dtype)
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf propagate silently
-        out = algorithm.run(problem, to_channels_last(a, problem), to_channels_last(b, problem))
+        return np.zeros(problem.result_shape(), dtype=out_dtype)
+    a, b = to_channels_last(a, problem), to_channels_last(b, problem)
+    if algorithm.numpy_math:
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf propagate silently
+            out = algorithm.run(problem, a, b)
+    else:  # compiled code raises no numpy warnings (errstate costs 7-18 us cold)
+        out = algorithm.run(problem, a, b)
     if bias is not None:
-        out += bias
+        with np.errstate(invalid="ignore", over="ignore"):
+            out += bias
     return from_channels_last(out, problem, out_dtype)
 
 

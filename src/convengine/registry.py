@@ -48,9 +48,17 @@ class Algorithm:
     exact: bool = True
     deterministic: bool = True
     accuracy: int = 1
+    numpy_math: bool = True  # runs numpy arithmetic: its FP warnings are silenced around it
 
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {p: {} for p in PASSES}
+_generation = 0  # registrations so far: caches of choices among algorithms check it
+
+
+def revision(pass_: str) -> tuple[dict[str, Algorithm], int]:
+    """What a cached choice among a pass's algorithms must match to stay valid: the
+    pass's table (tests swap it whole) and the registration count."""
+    return _REGISTRY[pass_], _generation
 
 
 def register(
@@ -62,15 +70,19 @@ def register(
     exact: bool = True,
     deterministic: bool = True,
     accuracy: int = 1,
+    numpy_math: bool = True,
 ) -> Callable[[Run], Run]:
-    """Decorator registering ``run`` as algorithm ``name`` for ``pass_``."""
+    """Decorator registering ``run`` as algorithm ``name`` for ``pass_``.
+    ``numpy_math=False`` for kernels that run compiled code only: the API then skips
+    silencing numpy's floating-point warnings around them (a few us a call)."""
     if pass_ not in PASSES:
         raise ValueError(f"unknown pass {pass_!r}; expected one of {PASSES}")
 
     def decorate(run: Run) -> Run:
-        _REGISTRY[pass_][name] = Algorithm(
-            name, pass_, run, supports, workspace_bytes, exact, deterministic, accuracy
-        )
+        global _generation
+        _REGISTRY[pass_][name] = Algorithm(name, pass_, run, supports, workspace_bytes,
+                                           exact, deterministic, accuracy, numpy_math)
+        _generation += 1
         return run
 
     return decorate
@@ -78,8 +90,10 @@ def register(
 
 def unregister(name: str, pass_: str) -> None:
     """Remove a registered algorithm (e.g. a plug-in or a test's stand-in)."""
+    global _generation
     get(name, pass_)
     del _REGISTRY[pass_][name]
+    _generation += 1
 
 
 def _check_pass(pass_: str) -> None:

@@ -75,26 +75,25 @@ def _enough_tiles(problem: ConvProblem, m: int) -> bool:
     return min(problem.out_size) >= WINOGRAD_MIN_OUTPUT and tiles >= WINOGRAD_MIN_TILES
 
 
-# heuristic()'s answers: (problem, inexact allowed) -> (the registered algorithms it
-# chose among, the choice); valid while the same algorithm objects are registered
-_choices: dict[tuple[ConvProblem, bool], tuple[tuple[Algorithm, ...], Algorithm]] = {}
+# heuristic()'s answers: (problem, inexact allowed) -> (registry revision, choice)
+_choices: dict[tuple[ConvProblem, bool], tuple[tuple[object, int], Algorithm]] = {}
 
 
 def heuristic(problem: ConvProblem) -> Algorithm:
     """The first algorithm in preference order that can serve the problem and suits it
-    (remembered per problem: walking the list costs up to 20 us a call)."""
-    registered = tuple(registry.all_for(problem.pass_))
+    (remembered per problem while the registry is unchanged: walking the list costs
+    up to 20 us a call)."""
+    revision = registry.revision(problem.pass_)
     key = (problem, exactness.inexact_allowed())
     hit = _choices.get(key)
-    if hit is not None and len(hit[0]) == len(registered) and all(
-            a is b for a, b in zip(hit[0], registered)):
+    if hit is not None and hit[0][0] is revision[0] and hit[0][1] == revision[1]:
         return hit[1]
     for name in _preference(problem):
         algo = registry.get(name, problem.pass_)
         if algo.supports(problem) is None and (name == "reference" or _suits(problem, algo)):
             if len(_choices) > 4096:
                 _choices.clear()
-            _choices[key] = (registered, algo)
+            _choices[key] = (revision, algo)
             return algo
     raise AssertionError("unreachable: the reference algorithm serves every problem")
 

@@ -204,7 +204,8 @@ def _workspace(problem: ConvProblem) -> int:
     return 4 * (padded + weights)
 
 
-@register("blocked", "forward", supports=_supports, workspace_bytes=_workspace, accuracy=2)
+@register("blocked", "forward", supports=_supports, workspace_bytes=_workspace, accuracy=2,
+          numpy_math=False)
 def blocked_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     nvec = _nvec(problem.out_channels)
     xp = padded_input(x, problem)

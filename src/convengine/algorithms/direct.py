@@ -302,7 +302,8 @@ def _workspace(problem: ConvProblem) -> int:
     return w_bytes  # the repacked weights
 
 
-@register("direct", "forward", supports=_supports, workspace_bytes=_workspace, accuracy=2)
+@register("direct", "forward", supports=_supports, workspace_bytes=_workspace, accuracy=2,
+          numpy_math=False)
 def direct_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     plan = forward_plan(problem)
     if plan is not None:
@@ -319,7 +320,8 @@ def direct_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray
 
 
 @register(
-    "direct", "backward_data", supports=_supports, workspace_bytes=_workspace, accuracy=2
+    "direct", "backward_data", supports=_supports, workspace_bytes=_workspace, accuracy=2,
+    numpy_math=False,
 )
 def direct_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
     plan = backward_data_plan(problem)
