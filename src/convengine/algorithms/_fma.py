@@ -34,6 +34,27 @@ NVEC = 4  # 512-bit vectors per row of the register block
 VECTOR_BYTES = 64
 
 
+def row_pointers(builder: ir.IRBuilder, base: ir.Value, count: int, mr: ir.Value,
+                 stride: ir.Value) -> list[ir.Value]:
+    """``count`` row pointers ``base + r * stride`` of a register block; rows
+    ``r >= mr`` repeat row ``mr - 1`` (a partial block computes them, never stores)."""
+    last = builder.sub(mr, ir.Constant(mr.type, 1))
+    rows = []
+    for r in range(count):
+        rr = ir.Constant(mr.type, r)
+        use = builder.select(builder.icmp_signed("<", rr, mr), rr, last)
+        rows.append(builder.gep(base, [builder.mul(use, stride)]))
+    return rows
+
+
+def splat(builder: ir.IRBuilder, value: ir.Value, vec: ir.VectorType) -> ir.Value:
+    """``value`` broadcast to every lane of ``vec``."""
+    undef = ir.Constant(vec, ir.Undefined)
+    first = builder.insert_element(undef, value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(first, undef,
+                                  ir.Constant(ir.VectorType(ir.IntType(32), vec.count), None))
+
+
 def nr(itemsize: int) -> int:
     """Columns of the register block for elements of ``itemsize`` bytes."""
     return NVEC * VECTOR_BYTES // itemsize
@@ -60,20 +81,11 @@ def gemm_6xnr(typingctx, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add):
         suffix = f"v{lanes}f{8 * align}"
         fma = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.{suffix}")
-        last = builder.sub(mr_v, ir.Constant(intp, 1))
-        a0 = builder.gep(a_arr.data, [a_off_v])
-        rows = []
-        for r in range(MR):
-            rr = ir.Constant(intp, r)
-            use = builder.select(builder.icmp_signed("<", rr, mr_v), rr, last)
-            rows.append(builder.gep(a0, [builder.mul(use, lda_v)]))
+        rows = row_pointers(builder, builder.gep(a_arr.data, [a_off_v]), MR, mr_v, lda_v)
         b0 = builder.gep(b_arr.data, [b_off_v])
         zero = ir.Constant(vec, None)
         accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(NVEC)]
                 for _ in range(MR)]
-        undef = ir.Constant(vec, ir.Undefined)
-        lane0 = ir.Constant(ir.IntType(32), 0)
-        splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), None)
         with cgutils.for_range(builder, kc_v) as loop:
             k = loop.index
             bk = builder.gep(b0, [builder.mul(k, ir.Constant(intp, width))])
@@ -85,11 +97,10 @@ def gemm_6xnr(typingctx, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add):
             ]
             for r in range(MR):
                 ai = builder.load(builder.gep(rows[r], [k]))
-                splat = builder.shuffle_vector(
-                    builder.insert_element(undef, ai, lane0), undef, splat_mask)
+                ai_v = splat(builder, ai, vec)
                 for j in range(NVEC):
                     cur = builder.load(accs[r][j])
-                    builder.store(builder.call(fma, [splat, bvecs[j], cur]), accs[r][j])
+                    builder.store(builder.call(fma, [ai_v, bvecs[j], cur]), accs[r][j])
         c0 = builder.gep(c_arr.data, [c_off_v])
         for r in range(MR):
             inside = builder.icmp_signed("<", ir.Constant(intp, r), mr_v)

@@ -27,6 +27,7 @@ from numba.extending import intrinsic
 
 from ..problem import ConvProblem
 from ..registry import register
+from ._fma import row_pointers, splat
 
 MR = 6  # output pixels per micro-tile (a row segment)
 VEC = 16  # float32 lanes of a zmm register
@@ -58,18 +59,10 @@ def _make_ukernel(mr_rows: int, nvec: int) -> Any:
             intp = x_off_v.type
             fma = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]), "llvm.fma.v16f32")
-            last = builder.sub(mr_v, ir.Constant(intp, 1))
-            x0 = builder.gep(x_arr.data, [x_off_v])
-            rows = []
-            for r in range(mr_rows):
-                rr = ir.Constant(intp, r)
-                use = builder.select(builder.icmp_signed("<", rr, mr_v), rr, last)
-                rows.append(builder.gep(x0, [builder.mul(use, ps_v)]))
+            rows = row_pointers(builder, builder.gep(x_arr.data, [x_off_v]), mr_rows, mr_v, ps_v)
             accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VF, None))
                      for _ in range(nvec)] for _ in range(mr_rows)]
             w_pos = cgutils.alloca_once_value(builder, builder.gep(w_arr.data, [w_off_v]))
-            undef = ir.Constant(_VF, ir.Undefined)
-            zeros = ir.Constant(ir.VectorType(ir.IntType(32), VEC), None)
             with cgutils.for_range(builder, kh_v) as a_loop:
                 off_a = builder.mul(a_loop.index, hs_v)
                 with cgutils.for_range(builder, kw_v) as b_loop:
@@ -83,9 +76,7 @@ def _make_ukernel(mr_rows: int, nvec: int) -> Any:
                         builder.store(builder.gep(wp, [ir.Constant(intp, nr)]), w_pos)
                         for r in range(mr_rows):
                             xs = builder.load(builder.gep(rows[r], [off]))
-                            xv = builder.shuffle_vector(
-                                builder.insert_element(undef, xs, ir.Constant(ir.IntType(32), 0)),
-                                undef, zeros)
+                            xv = splat(builder, xs, _VF)
                             for j in range(nvec):
                                 acc = accs[r][j]
                                 builder.store(builder.call(fma, [xv, wv[j], builder.load(acc)]), acc)
