@@ -47,6 +47,30 @@ def row_pointers(builder: ir.IRBuilder, base: ir.Value, count: int, mr: ir.Value
     return rows
 
 
+def store_rows(builder: ir.IRBuilder, accs: list, base: ir.Value, mr: ir.Value,
+               stride: ir.Value, align: int, add: ir.Value | None = None) -> None:
+    """Store rows ``r < mr`` of a register block (``accs[r][j]``: vector allocas) at
+    ``base + r * stride + j * lanes``; with ``add`` (an i1), add to what is there."""
+    for r, row in enumerate(accs):
+        with builder.if_then(builder.icmp_signed("<", ir.Constant(mr.type, r), mr),
+                             likely=True):
+            at = builder.gep(base, [builder.mul(ir.Constant(mr.type, r), stride)])
+            for j, acc_ptr in enumerate(row):
+                vec = acc_ptr.type.pointee
+                ptr = builder.bitcast(builder.gep(at, [ir.Constant(mr.type, vec.count * j)]),
+                                      vec.as_pointer())
+                acc = builder.load(acc_ptr)
+                if add is None:
+                    builder.store(acc, ptr, align=align)
+                    continue
+                with builder.if_else(add) as (then, otherwise):
+                    with then:
+                        builder.store(builder.fadd(builder.load(ptr, align=align), acc),
+                                      ptr, align=align)
+                    with otherwise:
+                        builder.store(acc, ptr, align=align)
+
+
 def splat(builder: ir.IRBuilder, value: ir.Value, vec: ir.VectorType) -> ir.Value:
     """``value`` broadcast to every lane of ``vec``."""
     undef = ir.Constant(vec, ir.Undefined)
@@ -101,21 +125,8 @@ def gemm_6xnr(typingctx, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add):
                 for j in range(NVEC):
                     cur = builder.load(accs[r][j])
                     builder.store(builder.call(fma, [ai_v, bvecs[j], cur]), accs[r][j])
-        c0 = builder.gep(c_arr.data, [c_off_v])
-        for r in range(MR):
-            inside = builder.icmp_signed("<", ir.Constant(intp, r), mr_v)
-            with builder.if_then(inside, likely=True):
-                crow = builder.gep(c0, [builder.mul(ir.Constant(intp, r), ldc_v)])
-                for j in range(NVEC):
-                    ptr = builder.bitcast(
-                        builder.gep(crow, [ir.Constant(intp, lanes * j)]), vec.as_pointer())
-                    acc = builder.load(accs[r][j])
-                    with builder.if_else(add_v) as (then, otherwise):
-                        with then:
-                            builder.store(builder.fadd(builder.load(ptr, align=align), acc),
-                                          ptr, align=align)
-                        with otherwise:
-                            builder.store(acc, ptr, align=align)
+        store_rows(builder, accs, builder.gep(c_arr.data, [c_off_v]), mr_v, ldc_v, align,
+                   add=add_v)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -27,7 +27,7 @@ from numba.extending import intrinsic
 
 from ..problem import ConvProblem
 from ..registry import register
-from ._fma import row_pointers, splat
+from ._fma import row_pointers, splat, store_rows
 
 MR = 6  # output pixels per micro-tile (a row segment)
 VEC = 16  # float32 lanes of a zmm register
@@ -80,15 +80,7 @@ def _make_ukernel(mr_rows: int, nvec: int) -> Any:
                             for j in range(nvec):
                                 acc = accs[r][j]
                                 builder.store(builder.call(fma, [xv, wv[j], builder.load(acc)]), acc)
-            y0 = builder.gep(y_arr.data, [y_off_v])
-            for r in range(mr_rows):
-                inside = builder.icmp_signed("<", ir.Constant(intp, r), mr_v)
-                with builder.if_then(inside, likely=True):
-                    yr = builder.gep(y0, [builder.mul(ir.Constant(intp, r), ys_v)])
-                    for j in range(nvec):
-                        dst = builder.bitcast(builder.gep(yr, [ir.Constant(intp, VEC * j)]),
-                                              _VF.as_pointer())
-                        builder.store(builder.load(accs[r][j]), dst, align=4)
+            store_rows(builder, accs, builder.gep(y_arr.data, [y_off_v]), mr_v, ys_v, 4)
             return context.get_dummy_value()
 
         return sig, codegen
