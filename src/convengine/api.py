@@ -82,11 +82,45 @@ def _execute(
     return from_channels_last(out, problem, out_dtype)
 
 
+# ---------------------------------------------------------------- steady state
+
+# Validated calls by what they were called with: (call, the operands' shapes and
+# dtypes, the other arguments as arg_key sees them, algo) -> (the select.settings
+# they were resolved under, problem, algorithm). A model calls the same convolutions
+# again and again; validating, building and resolving afresh runs some 25 Python
+# functions, 50-80 us with the caches cold after a large kernel (as much as a small
+# layer's kernel), where this costs one lookup and the settings check.
+_CALLS: dict[tuple, tuple[tuple[object, ...], ConvProblem, Algorithm]] = {}
+_CALLS_MAX = 4096
+
+
+def _call_key(pass_: str, a: np.ndarray, b: np.ndarray, *args: Any) -> tuple | None:
+    """The memo key of a call (None if an argument is unhashable: no memo)."""
+    try:
+        return (pass_, a.shape, a.dtype, b.shape, b.dtype,
+                *(v if type(v) is int or type(v) is str else arg_key(v) for v in args))
+    except TypeError:
+        return None
+
+
+def _resolve_call(
+    key: tuple | None, build: Callable[[], ConvProblem], algo: str
+) -> tuple[ConvProblem, Algorithm]:
+    """The (problem, algorithm) of a call: remembered under ``key`` while the settings
+    stay, else validated by ``build()`` and resolved."""
+    hit = None if key is None else _CALLS.get(key)
+    if hit is not None and hit[0] == select.settings(hit[1].pass_):
+        return hit[1], hit[2]
+    problem = build()
+    chosen = select.resolve(problem, algo)
+    if key is not None:
+        if len(_CALLS) >= _CALLS_MAX:
+            _CALLS.clear()
+        _CALLS[key] = (select.settings(problem.pass_), problem, chosen)
+    return problem, chosen
+
+
 # ---------------------------------------------------------------- problem builders
-
-
-_FORWARD: dict[tuple, ConvProblem] = {}  # forward_problem's answers by its arguments
-_FORWARD_MAX = 4096
 
 
 def forward_problem(
@@ -100,25 +134,10 @@ def forward_problem(
     groups: Any = 1,
     layout: Any = "NCHW",
 ) -> ConvProblem:
-    """The forward problem of x and w, remembered by shapes, dtypes and (type-tagged)
-    arguments: a model's steady state skips validation (about 15-40 us a call with
-    cold caches after a large kernel)."""
-    try:
-        key = (x.shape, x.dtype, w.shape, w.dtype, bias is None, arg_key(stride),
-               arg_key(padding), arg_key(dilation), arg_key(groups), arg_key(layout))
-        problem = _FORWARD.get(key)
-    except TypeError:  # an unhashable argument: validate afresh
-        key, problem = None, None
-    if problem is None:
-        dtype = check_float_dtypes(x=x, w=w)
-        problem = make_problem("forward", x.shape, w.shape, dtype=dtype,
-                               has_bias=bias is not None, stride=stride, padding=padding,
-                               dilation=dilation, groups=groups, layout=layout)
-        if key is not None:
-            if len(_FORWARD) >= _FORWARD_MAX:
-                _FORWARD.clear()
-            _FORWARD[key] = problem
-    return problem
+    dtype = check_float_dtypes(x=x, w=w)
+    return make_problem("forward", x.shape, w.shape, dtype=dtype, has_bias=bias is not None,
+                        stride=stride, padding=padding, dilation=dilation, groups=groups,
+                        layout=layout)
 
 
 def backward_data_problem(
@@ -237,10 +256,14 @@ def conv(
     w ``(O, *K, C // groups)`` in NHWC; bias ``(O,)``. Returns y in the same layout.
     """
     x, w = as_array(x, "x"), as_array(w, "w")
-    problem = forward_problem(x, w, bias, stride=stride, padding=padding,
-                              dilation=dilation, groups=groups, layout=layout)
-    b = _check_bias(bias, problem.out_channels, problem.compute_dtype)
-    return _execute(problem, select.resolve(problem, algo), x, w, x.dtype, b)
+    problem, chosen = _resolve_call(
+        _call_key("forward", x, w, bias is None, stride, padding, dilation, groups, layout,
+                  algo),
+        lambda: forward_problem(x, w, bias, stride=stride, padding=padding,
+                                dilation=dilation, groups=groups, layout=layout),
+        algo)
+    b = None if bias is None else _check_bias(bias, problem.out_channels, problem.compute_dtype)
+    return _execute(problem, chosen, x, w, x.dtype, b)
 
 
 def conv_backward_data(
@@ -257,9 +280,13 @@ def conv_backward_data(
 ) -> np.ndarray:
     """Gradient of :func:`conv` w.r.t. x: dy ``(N, O, *S_out)`` -> dx of ``input_shape``."""
     dy, w = as_array(dy, "dy"), as_array(w, "w")
-    problem = backward_data_problem(dy, w, input_shape, stride=stride, padding=padding,
-                                    dilation=dilation, groups=groups, layout=layout)
-    return _execute(problem, select.resolve(problem, algo), dy, w, dy.dtype)
+    problem, chosen = _resolve_call(
+        _call_key("backward_data", dy, w, input_shape, stride, padding, dilation, groups,
+                  layout, algo),
+        lambda: backward_data_problem(dy, w, input_shape, stride=stride, padding=padding,
+                                      dilation=dilation, groups=groups, layout=layout),
+        algo)
+    return _execute(problem, chosen, dy, w, dy.dtype)
 
 
 def conv_backward_weight(
@@ -276,9 +303,13 @@ def conv_backward_weight(
 ) -> np.ndarray:
     """Gradient of :func:`conv` w.r.t. w: (x, dy) -> dw of ``weight_shape``."""
     x, dy = as_array(x, "x"), as_array(dy, "dy")
-    problem = backward_weight_problem(x, dy, weight_shape, stride=stride, padding=padding,
-                                      dilation=dilation, groups=groups, layout=layout)
-    return _execute(problem, select.resolve(problem, algo), x, dy, x.dtype)
+    problem, chosen = _resolve_call(
+        _call_key("backward_weight", x, dy, weight_shape, stride, padding, dilation, groups,
+                  layout, algo),
+        lambda: backward_weight_problem(x, dy, weight_shape, stride=stride, padding=padding,
+                                        dilation=dilation, groups=groups, layout=layout),
+        algo)
+    return _execute(problem, chosen, x, dy, x.dtype)
 
 
 def conv_transpose(
@@ -299,13 +330,17 @@ def conv_transpose(
     Output size per dim: ``(S - 1) * stride - lo - hi + dilation * (K - 1) + 1 + output_padding``.
     """
     x, w = as_array(x, "x"), as_array(w, "w")
-    problem = transpose_problem(x, w, bias, stride=stride, padding=padding,
-                                output_padding=output_padding, dilation=dilation,
-                                groups=groups, layout=layout)
-    b = _check_bias(bias, problem.in_channels, problem.compute_dtype)
+    problem, chosen = _resolve_call(
+        _call_key("transpose", x, w, bias is None, stride, padding, output_padding, dilation,
+                  groups, layout, algo),
+        lambda: transpose_problem(x, w, bias, stride=stride, padding=padding,
+                                  output_padding=output_padding, dilation=dilation,
+                                  groups=groups, layout=layout),
+        algo)
+    b = None if bias is None else _check_bias(bias, problem.in_channels, problem.compute_dtype)
     if x.shape != problem.y_shape():
         x = _zero_extend(x, problem.y_shape())
-    return _execute(problem, select.resolve(problem, algo), x, w, x.dtype, b)
+    return _execute(problem, chosen, x, w, x.dtype, b)
 
 
 def _zero_extend(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

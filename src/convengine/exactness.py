@@ -9,8 +9,7 @@ an algorithm forced by name always runs.
 
 from __future__ import annotations
 
-import os
-
+from . import environment
 from .errors import ConvSetupError
 from .problem import ConvProblem
 from .registry import Algorithm
@@ -35,7 +34,7 @@ def inexact_allowed() -> bool:
     """The current setting: allow_inexact's, else ``$CONVENGINE_INEXACT``, else True."""
     if _allowed is not None:
         return _allowed
-    word = os.environ.get(ENV, "on").strip().lower()
+    word = environment.get(ENV, "on").strip().lower()
     if word not in _WORDS:
         raise ConvSetupError(f"${ENV} must be one of {sorted(_WORDS)}, got {word!r}")
     return _WORDS[word]

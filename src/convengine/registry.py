@@ -52,13 +52,7 @@ class Algorithm:
 
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {p: {} for p in PASSES}
-_generation = 0  # registrations so far: caches of choices among algorithms check it
-
-
-def revision(pass_: str) -> tuple[dict[str, Algorithm], int]:
-    """What a cached choice among a pass's algorithms must match to stay valid: the
-    pass's table (tests swap it whole) and the registration count."""
-    return _REGISTRY[pass_], _generation
+_generation = 0  # registrations so far: remembered choices (select.settings) check it
 
 
 def register(

@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from . import exactness, registry
+from . import environment, exactness, registry, threads
 from .errors import ConvSetupError
 from .problem import ConvProblem
 from .registry import Algorithm
 from .tune import tuner
+from .tune.cache import TuningCache
 
 # Preference of the heuristic, best first; names not registered are skipped and
 # registered names missing here come just before "reference".
@@ -75,27 +76,24 @@ def _enough_tiles(problem: ConvProblem, m: int) -> bool:
     return min(problem.out_size) >= WINOGRAD_MIN_OUTPUT and tiles >= WINOGRAD_MIN_TILES
 
 
-# heuristic()'s answers: (problem, inexact allowed) -> (registry revision, choice)
-_choices: dict[tuple[ConvProblem, bool], tuple[tuple[object, int], Algorithm]] = {}
-
-
 def heuristic(problem: ConvProblem) -> Algorithm:
-    """The first algorithm in preference order that can serve the problem and suits it
-    (remembered per problem while the registry is unchanged: walking the list costs
-    up to 20 us a call)."""
-    revision = registry.revision(problem.pass_)
-    key = (problem, exactness.inexact_allowed())
-    hit = _choices.get(key)
-    if hit is not None and hit[0][0] is revision[0] and hit[0][1] == revision[1]:
-        return hit[1]
+    """The first algorithm in preference order that can serve the problem and suits it."""
     for name in _preference(problem):
         algo = registry.get(name, problem.pass_)
         if algo.supports(problem) is None and (name == "reference" or _suits(problem, algo)):
-            if len(_choices) > 4096:
-                _choices.clear()
-            _choices[key] = (revision, algo)
             return algo
     raise AssertionError("unreachable: the reference algorithm serves every problem")
+
+
+def settings(pass_: str) -> tuple[object, ...]:
+    """Everything besides the problem that ``resolve``'s answer depends on: the
+    environment variables, the tuning and exactness settings, the changes to the
+    tuning caches, the pass's registry and the thread count (part of tuning keys).
+    A remembered answer stays valid while this compares equal. It reads the other
+    modules' state directly: every Python-level call here costs 3-5 us with the
+    caches cold after a large kernel."""
+    return (environment.snapshot(), tuner._mode, TuningCache.changes, exactness._allowed,
+            registry._REGISTRY[pass_], registry._generation, threads.get_num_threads())
 
 
 def resolve(problem: ConvProblem, algo: str = "auto") -> Algorithm:

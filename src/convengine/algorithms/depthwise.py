@@ -28,11 +28,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from llvmlite import ir
-from numba import get_num_threads, njit, prange, types
+from numba import njit, prange, types
 from numba.core import cgutils, cpu, options
 from numba.extending import intrinsic
 
 from ..problem import ConvProblem
+from ..threads import get_num_threads
 
 # numba's compiler has a ``noalias`` flag (LLVM ``noalias`` on every array argument)
 # but no public njit option for it; map one, so that kernels whose arrays never

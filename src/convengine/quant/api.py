@@ -11,11 +11,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-import numba
 import numpy as np
 
 from ..errors import ConvSetupError
 from ..problem import ConvProblem, as_array, make_problem
+from ..threads import get_num_threads
 from . import cpu, kernels
 from . import depthwise as depthwise_kernels
 from ._amx import tile_config
@@ -275,7 +275,7 @@ def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
         assert packed.dw_term is not None
         dw_args = (xu, flip, xzp_u, packed.data, packed.dw_term, packed.wzp, packed.dw_raw,
                    plan.geometry)
-        threads = numba.get_num_threads()
+        threads = get_num_threads()
         if threads == 1 or y.size * packed.kc < depthwise_kernels.SERIAL_MAX_MACS:
             depthwise_kernels.conv_depthwise_vnni_serial(*dw_args, *args)
         else:
@@ -288,7 +288,7 @@ def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
                               *args)
     elif path == "amx":
         col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
-        prows = kernels.panel_rows(y.shape[0], packed.kc4 * 4, numba.get_num_threads(), 32)
+        prows = kernels.panel_rows(y.shape[0], packed.kc4 * 4, get_num_threads(), 32)
         direct = _in_place(problem, 64) and flip == 0
         kernels.conv_amx(xu, flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term,
                          plan.geometry, problem.groups, packed.kc, packed.kc4, packed.nb,
@@ -296,7 +296,7 @@ def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
     else:
         col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
         direct = _in_place(problem, 4) and flip == 0
-        prows = kernels.panel_rows(y.shape[0], packed.kc4 * 4, numba.get_num_threads(),
+        prows = kernels.panel_rows(y.shape[0], packed.kc4 * 4, get_num_threads(),
                                    kernels.VNNI_ROWS)
         kernels.conv_vnni(xu, flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term,
                           plan.geometry, problem.groups, packed.kc, packed.kc4, packed.nb,

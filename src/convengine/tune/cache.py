@@ -127,6 +127,8 @@ def _entry_to_row(e: Entry) -> tuple[Any, ...]:
 class TuningCache:
     """Memory in front of the SQLite file at ``path`` (``None``: memory only)."""
 
+    changes = 0  # puts and forgets of every cache: memos of choices compare it
+
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.failure: str | None = None  # why the file is not used, once it is not
@@ -227,6 +229,7 @@ class TuningCache:
             for e in entries:
                 self._memory[e.ident] = e
                 self._absent.discard(e.ident)
+            TuningCache.changes += 1
 
         def write(conn: sqlite3.Connection) -> None:
             with conn:
@@ -254,6 +257,7 @@ class TuningCache:
         with self._lock:
             self._memory.clear()
             self._absent.clear()
+            TuningCache.changes += 1
 
     def clear(self) -> str:
         """Delete every entry; a file that is not a usable database is removed.

@@ -10,7 +10,6 @@ Modes (``set_tuning`` or the ``CONVENGINE_TUNING`` environment variable):
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from collections.abc import Iterable
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import exactness, registry, threads
+from .. import environment, exactness, registry, threads
 from ..errors import ConvSetupError
 from ..problem import ConvProblem
 from ..registry import Algorithm
@@ -30,7 +29,7 @@ ENV_MODE = "CONVENGINE_TUNING"
 
 _mode: str | None = None  # set_tuning's choice; None: follow the environment
 _caches: dict[str, TuningCache] = {}
-_paths: dict[tuple[str | None, ...], Path] = {}  # environment -> cache file
+_paths: dict[tuple[object, ...], Path] = {}  # environment -> cache file
 _caches_lock = threading.Lock()
 _tuning_lock = threading.RLock()  # one benchmark at a time: parallel timings lie
 
@@ -45,7 +44,7 @@ def get_tuning() -> str:
     """The current mode: set_tuning's, else ``$CONVENGINE_TUNING``, else ``"on"``."""
     if _mode is not None:
         return _mode
-    return _check_mode(os.environ.get(ENV_MODE, "on").strip().lower(), f"${ENV_MODE}")
+    return _check_mode(environment.get(ENV_MODE, "on").strip().lower(), f"${ENV_MODE}")
 
 
 def set_tuning(mode: str | None) -> str | None:
@@ -59,7 +58,7 @@ def set_tuning(mode: str | None) -> str | None:
 
 def default_cache() -> TuningCache:
     """The cache of the current cache directory (one object per directory)."""
-    env = tuple(os.environ.get(v) for v in ("CONVENGINE_CACHE_DIR", "XDG_CACHE_HOME", "HOME"))
+    env = environment.snapshot()  # the cache-dir variables among them
     with _caches_lock:
         if env not in _paths:
             _paths[env] = cache_dir() / DB_NAME
@@ -139,10 +138,6 @@ def tune_problem(problem: ConvProblem, *, force: bool = False) -> TuneResult:
         return TuneResult(problem, key[0], ranked[0], results, "tuned")
 
 
-# pick()'s answers, valid while the cache returns the same entry object
-_picks: dict[tuple[ConvProblem, Ident], tuple[Entry, Algorithm | None]] = {}
-
-
 def choose(problem: ConvProblem) -> Algorithm | None:
     """The tuned algorithm for ``auto`` under the current mode; None: use the heuristic."""
     mode = get_tuning()
@@ -155,12 +150,7 @@ def choose(problem: ConvProblem) -> Algorithm | None:
         entry = default_cache().get(key)
     if entry is None:
         return None
-    hit = _picks.get((problem, key))
-    if hit is None or hit[0] is not entry:
-        if len(_picks) > 4096:
-            _picks.clear()
-        hit = _picks[problem, key] = (entry, pick(entry, problem))
-    return hit[1]
+    return pick(entry, problem)
 
 
 def explain_choice(problem: ConvProblem) -> tuple[Algorithm | None, str, dict[str, str]]:
