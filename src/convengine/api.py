@@ -1,7 +1,8 @@
 """The functional API: conv, its two gradients, the transposed conv, and explain.
 
 Each call normalises its arguments into a :class:`ConvProblem`, resolves an
-algorithm, converts the operands once into the kernels' canonical channels-last,
+algorithm (both remembered for calls repeated with the same shapes and arguments),
+converts the operands once into the kernels' canonical channels-last,
 compute-dtype form (a no-op for contiguous channels-last float32/float64 input),
 runs, and converts the result back to the caller's layout and dtype.
 """
@@ -31,22 +32,7 @@ from .problem import (
 )
 from .registry import Algorithm
 
-# ---------------------------------------------------------------- layout moves
-
-
-def to_channels_last(a: np.ndarray, problem: ConvProblem) -> np.ndarray:
-    """An activation or weight in the problem's layout -> C-contiguous channels-last
-    in the compute dtype. Copies at most once; none for contiguous NHWC input."""
-    if problem.layout == "NCHW":
-        a = np.moveaxis(a, 1, -1)
-    return np.ascontiguousarray(a, dtype=problem.compute_dtype)
-
-
-def from_channels_last(a: np.ndarray, problem: ConvProblem, dtype: np.dtype) -> np.ndarray:
-    """Inverse of :func:`to_channels_last`, returning the caller's dtype."""
-    if problem.layout == "NCHW":
-        a = np.moveaxis(a, -1, 1)
-    return np.ascontiguousarray(a, dtype=dtype)
+# ---------------------------------------------------------------- running a pass
 
 
 def _check_bias(bias: Any, channels: int, dtype: np.dtype) -> np.ndarray | None:
@@ -67,10 +53,16 @@ def _execute(
     out_dtype: np.dtype,
     bias: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Run one pass; ``a``/``b`` in the problem's layout. Empty problems short-cut."""
+    """Run one pass; ``a``/``b`` in the problem's layout. Empty problems short-cut.
+    The operands go to the kernels C-contiguous, channels-last, in the compute dtype
+    (converted at most once each: no copy for contiguous NHWC input of that dtype) and
+    the result comes back in the caller's layout and ``out_dtype``."""
     if problem.batch == 0:
         return np.zeros(problem.result_shape(), dtype=out_dtype)
-    a, b = to_channels_last(a, problem), to_channels_last(b, problem)
+    dtype, nchw = problem.compute_dtype, problem.layout == "NCHW"
+    if nchw:
+        a, b = np.moveaxis(a, 1, -1), np.moveaxis(b, 1, -1)
+    a, b = np.ascontiguousarray(a, dtype=dtype), np.ascontiguousarray(b, dtype=dtype)
     if algorithm.numpy_math:
         with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf propagate silently
             out = algorithm.run(problem, a, b)
@@ -79,7 +71,7 @@ def _execute(
     if bias is not None:
         with np.errstate(invalid="ignore", over="ignore"):
             out += bias
-    return from_channels_last(out, problem, out_dtype)
+    return np.ascontiguousarray(np.moveaxis(out, -1, 1) if nchw else out, dtype=out_dtype)
 
 
 # ---------------------------------------------------------------- steady state

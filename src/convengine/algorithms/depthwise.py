@@ -67,9 +67,9 @@ def _block_intrinsic(  # noqa: PLR0913
     taps = [(i, j) for i in range(kh_) for j in range(j0, kw_ if j1 is None else j1)]
 
     @intrinsic
-    def block(typingctx, y, yo, a, ao, rs, cs, wk, wo, c_, valid):  # noqa: PLR0913
+    def block(typingctx, y, yo, a, ao, rs, cs, wk, wo, c_, valid, rows):  # noqa: PLR0913
         intp = types.intp
-        sig = types.void(y, intp, a, intp, intp, intp, wk, intp, intp, intp)
+        sig = types.void(y, intp, a, intp, intp, intp, wk, intp, intp, intp, intp)
 
         def codegen(context, builder, signature, args):
             scalar = context.get_value_type(signature.args[0].dtype)
@@ -77,7 +77,7 @@ def _block_intrinsic(  # noqa: PLR0913
             vec = ir.VectorType(scalar, lanes)
             mask_t = ir.VectorType(ir.IntType(1), lanes)
             align = ir.Constant(ir.IntType(32), context.get_abi_sizeof(scalar))
-            y_a, yo_v, a_a, ao_v, rs_v, cs_v, wk_a, wo_v, c_v, valid_v = args
+            y_a, yo_v, a_a, ao_v, rs_v, cs_v, wk_a, wo_v, c_v, valid_v, rows_v = args
             it = yo_v.type
             y_ptr = context.make_array(signature.args[0])(context, builder, y_a).data
             a_ptr = context.make_array(signature.args[2])(context, builder, a_a).data
@@ -104,13 +104,23 @@ def _block_intrinsic(  # noqa: PLR0913
                 for v in range(NVEC)
             ]
             zero = ir.Constant(vec, None)
+            # tap row i is read only if bit i of ``rows`` is set (rows outside x are
+            # masked off: their loads read nothing and give zeros)
+            row_masks = []
+            for i in range(kh_):
+                bit = builder.and_(rows_v, ir.Constant(it, 1 << i))
+                inside = builder.icmp_unsigned("!=", bit, ir.Constant(it, 0))
+                row_masks.append([builder.and_(m, builder.select(
+                    inside, ir.Constant(mask_t, [1] * lanes), ir.Constant(mask_t, None)))
+                    for m in masks])
 
             def at(base, offset, v):
                 ptr = builder.gep(base, [builder.add(offset, ir.Constant(it, v * lanes))])
                 return builder.bitcast(ptr, vec.as_pointer())
 
-            def read(base, offset, v):
-                return builder.call(load, [at(base, offset, v), align, masks[v], zero])
+            def read(base, offset, v, mask=None):
+                mask = masks[v] if mask is None else mask
+                return builder.call(load, [at(base, offset, v), align, mask, zero])
 
             row_offsets = [
                 builder.add(ao_v, builder.mul(ir.Constant(it, i), rs_v)) for i in range(kh_)
@@ -124,7 +134,7 @@ def _block_intrinsic(  # noqa: PLR0913
                     acc = None
                     for (i, j), w in zip(taps, weights):
                         col = builder.mul(ir.Constant(it, b * sw + j * dw), cs_v)
-                        x = read(a_ptr, builder.add(row_offsets[i], col), v)
+                        x = read(a_ptr, builder.add(row_offsets[i], col), v, row_masks[i][v])
                         acc = builder.fmul(x, w) if acc is None else builder.call(fma, [x, w, acc])
                     out = builder.add(yo_v, builder.mul(ir.Constant(it, b), c_v))
                     builder.call(store, [acc, at(y_ptr, out, v), align, masks[v]])
@@ -136,22 +146,23 @@ def _block_intrinsic(  # noqa: PLR0913
 
 
 def _span_source(sw: int) -> str:
-    """Source of ``span(y, yo, a, ao, rs, cs, wk, c0, cb, p0, p1, col0)``: output pixels
-    ``p0:p1`` of one row (``y.flat[yo + ow*C + c]``, channels ``c0 + c``, c < cb) from
-    array ``a``: tap row i starts at ``a.flat[ao + i*rs]``, columns ``cs`` elements
-    apart, pixel ``ow`` at column ``col0 + (ow - p0) * sw``. Blocks of OW_BLOCK pixels
-    (the last narrower), each over all channels in vectors."""
+    """Source of ``span(y, yo, a, ao, rs, cs, wk, c0, cb, p0, p1, col0, rows)``: output
+    pixels ``p0:p1`` of one row (``y.flat[yo + ow*C + c]``, channels ``c0 + c``, c < cb)
+    from array ``a``: tap row i starts at ``a.flat[ao + i*rs]`` (read as zeros unless
+    bit i of ``rows`` is set), columns ``cs`` elements apart, pixel ``ow`` at column
+    ``col0 + (ow - p0) * sw``. Blocks of OW_BLOCK pixels (the last narrower), each over
+    all channels in vectors."""
 
     def call(width: int, indent: str) -> list[str]:
         return [
             f"{indent}col = ao + (col0 + (ob - p0) * {sw}) * cs",
             f"{indent}for cc in range(0, cb, lanes):",
             f"{indent}    block{width}(y, yo + ob * c_ + cc, a, col + cc, rs, cs, wk, c0 + cc,"
-            " c_, min(lanes, cb - cc))",
+            " c_, min(lanes, cb - cc), rows)",
         ]
 
     body = [
-        "def span(y, yo, a, ao, rs, cs, wk, c0, cb, p0, p1, col0):",
+        "def span(y, yo, a, ao, rs, cs, wk, c0, cb, p0, p1, col0, rows):",
         "    c_ = y.shape[3]",
         "    lanes = NVEC * VECTOR_BYTES // y.itemsize",
         "    ob = p0",
@@ -166,11 +177,12 @@ def _span_source(sw: int) -> str:
 
 
 def _edge_source(kw_: int) -> str:
-    """Source of ``edge(y, yo, a, ao, rs, cs, wk, c0, cb, j0, j1)``: one output pixel
-    over the taps ``j0 <= j < j1`` of each row only (the others fall outside x), all
-    channels in vectors; ``ao`` addresses tap column 0 (which may lie before x)."""
+    """Source of ``edge(y, yo, a, ao, rs, cs, wk, c0, cb, j0, j1, rows)``: one output
+    pixel over the taps ``j0 <= j < j1`` of each row only (the others fall outside x),
+    all channels in vectors; ``ao`` addresses tap column 0 (which may lie before x),
+    ``rows`` as in span."""
     body = [
-        "def edge(y, yo, a, ao, rs, cs, wk, c0, cb, j0, j1):",
+        "def edge(y, yo, a, ao, rs, cs, wk, c0, cb, j0, j1, rows):",
         "    c_ = y.shape[3]",
         "    lanes = NVEC * VECTOR_BYTES // y.itemsize",
     ]
@@ -180,7 +192,7 @@ def _edge_source(kw_: int) -> str:
             f"    {'if' if k == 0 else 'elif'} j0 == {lo} and j1 == {hi}:",
             "        for cc in range(0, cb, lanes):",
             f"            edge_{lo}_{hi}(y, yo + cc, a, ao + cc, rs, cs, wk, c0 + cc, c_,"
-            " min(lanes, cb - cc))",
+            " min(lanes, cb - cc), rows)",
         ]
     return "\n".join(body) + "\n"
 
@@ -231,9 +243,10 @@ def depthwise2d_kernel(
     @njit(**NOALIAS)
     def task(x, wk, y, buf, r0, r1, c0, sh, ph, pw):  # noqa: PLR0913
         """Output rows r0:r1 (over n and oh) of channels c0:c0+cb, cb = buf.shape[2].
-        Pixels of rows whose taps all fall inside x read x in place (the first and
-        last columns with only the taps inside x); rows with taps above or below x
-        read zero-padded copies of their input rows in buf (KH, Wp, cb)."""
+        Pixels read x in place: tap rows above or below x masked off, the first and
+        last columns with only the taps inside x. Where some pixel has no tap column
+        inside x, every row reads zero-padded copies of its input rows in buf
+        (KH, Wp, cb) instead."""
         h_, w_, c_ = x.shape[1], x.shape[2], x.shape[3]
         oh_, ow_ = y.shape[1], y.shape[2]
         cb = buf.shape[2]
@@ -250,23 +263,28 @@ def depthwise2d_kernel(
             j1 = max(0, min(kw_, (w_ - 1 - first) // dw_ + 1))
             windows[ow, 0], windows[ow, 1] = j0, j1
             padded = padded or j0 >= j1
+        every_row = (1 << kh_) - 1
         for r in range(r0, r1):
             n, oh = r // oh_, r % oh_
             ih0 = oh * sh - ph
             yo = (n * oh_ + oh) * ow_ * c_ + c0
-            if padded or ih0 < 0 or ih0 + (kh_ - 1) * dh_ >= h_:
+            if padded:
                 for i in range(kh_):
                     _fill(buf, i, x, n, ih0 + i * dh_, -pw, buf.shape[1], c0)
-                span(y, yo, buf, 0, plane, cb, wk, c0, cb, 0, ow_, 0)
+                span(y, yo, buf, 0, plane, cb, wk, c0, cb, 0, ow_, 0, every_row)
                 continue
-            row = ((n * h_ + ih0) * w_) * c_ + c0
+            rows = 0  # the tap rows inside x
+            for i in range(kh_):
+                if 0 <= ih0 + i * dh_ < h_:
+                    rows |= 1 << i
+            row = ((n * h_ + ih0) * w_) * c_ + c0  # tap row 0, which may lie outside x
             for ow in range(lo):
                 edge(y, yo + ow * c_, x, row + (ow * sw_ - pw) * c_, dh_ * w_ * c_, c_, wk,
-                     c0, cb, windows[ow, 0], windows[ow, 1])
-            span(y, yo, x, row, dh_ * w_ * c_, c_, wk, c0, cb, lo, hi, lo * sw_ - pw)
+                     c0, cb, windows[ow, 0], windows[ow, 1], rows)
+            span(y, yo, x, row, dh_ * w_ * c_, c_, wk, c0, cb, lo, hi, lo * sw_ - pw, rows)
             for ow in range(hi, ow_):
                 edge(y, yo + ow * c_, x, row + (ow * sw_ - pw) * c_, dh_ * w_ * c_, c_, wk,
-                     c0, cb, windows[ow, 0], windows[ow, 1])
+                     c0, cb, windows[ow, 0], windows[ow, 1], rows)
 
     def kernel(x, w, y, flip, sh, ph, pw, row_parts, channel_parts):  # noqa: PLR0913
         c_ = x.shape[3]
