@@ -16,7 +16,8 @@ Two loop nests, by the innermost contiguous axis:
   the channels themselves.
 
 1-D and 2-D depthwise problems with one output channel per input channel (forward,
-and backward-data at stride 1) go to the generated kernels of ``depthwise.py``.
+and backward-data at stride 1) go to the generated kernels of ``depthwise.py``, their
+backward-weight to those of ``depthwise_weight.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from numba import njit, prange
 from ..problem import ConvProblem
 from ..registry import register
 from .depthwise import NOALIAS, backward_data_plan, forward_plan
+from .depthwise_weight import backward_weight_plan
 
 __all__ = ["NOALIAS"]  # re-exported for the other generated kernels
 
@@ -298,6 +300,9 @@ def _workspace(problem: ConvProblem) -> int:
     w_bytes = problem.out_channels * int(np.prod(problem.kernel)) * problem.in_per_group
     w_bytes *= problem.compute_dtype.itemsize
     if problem.pass_ == "backward_weight":
+        weight_plan = backward_weight_plan(problem)
+        if weight_plan is not None:
+            return weight_plan.workspace_bytes(problem.compute_dtype.itemsize)
         return _slices(problem) * w_bytes
     return w_bytes  # the repacked weights
 
@@ -342,21 +347,27 @@ def direct_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.n
 
 
 @register(
-    "direct", "backward_weight", supports=_supports, workspace_bytes=_workspace, accuracy=2
+    "direct", "backward_weight", supports=_supports, workspace_bytes=_workspace, accuracy=2,
+    numpy_math=False,
 )
 def direct_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    plan = backward_weight_plan(problem)
+    if plan is not None:
+        return plan(x, dy)
     geo = [v for t in _geometry(problem) for v in t]
     x5, dy5 = _as3d(x, problem.ndim), _as3d(dy, problem.ndim)
     k5 = (1,) * (3 - problem.ndim) + problem.kernel
     p = _slices(problem)
     dtype = problem.compute_dtype
-    if problem.in_per_group == 1:
-        part = np.empty((p, *k5, problem.out_channels), dtype=dtype)
-        direct_bwd_weight_channel(x5, dy5, part, *geo)
-        dw = part.sum(axis=0).transpose(3, 0, 1, 2)[..., None]
-    else:
-        g, og, cg = problem.groups, problem.out_per_group, problem.in_per_group
-        part = np.empty((p, g, *k5, og, cg), dtype=dtype)
-        direct_bwd_weight_dense(x5, dy5, part, *geo)
-        dw = part.sum(axis=0).transpose(0, 4, 1, 2, 3, 5).reshape(-1, *k5, cg)
+    # the partial sums add up in numpy (numpy_math=False: NaN and inf propagate silently)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if problem.in_per_group == 1:
+            part = np.empty((p, *k5, problem.out_channels), dtype=dtype)
+            direct_bwd_weight_channel(x5, dy5, part, *geo)
+            dw = part.sum(axis=0).transpose(3, 0, 1, 2)[..., None]
+        else:
+            g, og, cg = problem.groups, problem.out_per_group, problem.in_per_group
+            part = np.empty((p, g, *k5, og, cg), dtype=dtype)
+            direct_bwd_weight_dense(x5, dy5, part, *geo)
+            dw = part.sum(axis=0).transpose(0, 4, 1, 2, 3, 5).reshape(-1, *k5, cg)
     return np.ascontiguousarray(dw.reshape(problem.w_shape("NHWC")), dtype=dtype)

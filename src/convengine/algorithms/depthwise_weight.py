@@ -1,0 +1,302 @@
+"""Depthwise 1-D/2-D convolution backward-weight (one output channel per input
+channel), channels-last.
+
+For x ``(N, H, W, C)`` and dy ``(N, OH, OW, C)``, the result dw ``(C, KH, KW, 1)``::
+
+    dw[c, i, j] = sum_{n, oh, ow} dy[n, oh, ow, c] * x[n, oh*sh - ph + i*dh, ow*sw - pw + j*dw, c]
+
+with out-of-range input pixels read as zero (1-D problems are the KH = 1 case).
+
+Kernels are generated per (KH, KW, width stride, width dilation). The inner loop is
+an ``@intrinsic`` (``llvm.fma`` on 512-bit vectors, masked loads for the last
+channels, as in ``depthwise.py``) that keeps the KH*KW accumulators of NVEC vectors
+of channels in registers while it walks every output pixel of a task's rows: each dy
+vector is loaded once and multiplied with the shifted x vectors of all taps
+(``UNROLL`` adjacent pixels at a time, so x columns shared by neighbouring pixels
+are loaded once). Pixels whose taps all fall inside x read x unchecked; the others
+(first and last columns, rows near the top and bottom) mask each tap's load by
+whether its row and column lie inside x. The work is one task per thread, a block
+of output rows (over n and oh) each adding into its own partial dw, summed at the
+end; all on the calling thread below SERIAL_MACS multiply-adds.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+from llvmlite import ir
+from numba import get_num_threads, njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..problem import ConvProblem
+from .depthwise import NOALIAS, VECTOR_BYTES, _as2d, _served
+
+NVEC = 2  # vectors of channels per register block
+UNROLL = 4  # adjacent output pixels per step of the unchecked loop
+# Below this many multiply-adds the calling thread does it all (starting the
+# parallel region costs more than the second thread saves).
+SERIAL_MACS = 2_000_000
+BAND_BYTES = 256 << 10
+
+
+def _rows_intrinsic(kh_: int, kw_: int, sw: int, dw: int) -> Any:  # noqa: C901
+    """An ``@intrinsic`` ``rows(acc, x, dy, info, c0, rs, cs, nrows, ow_, lo, hi,
+    col0, w_, valid)`` adding, for the first ``valid`` channels from ``c0`` (at most
+    NVEC vectors), into ``acc.flat[t*cs + c0 + l]`` (tap t = i*KW + j):
+
+        sum_{r < nrows, p < ow_} dy.flat[dyo_r + p*cs + c0 + l]
+                                 * x.flat[xo_r + i*rs + (col0 + p*sw + j*dw)*cs + c0 + l]
+
+    with ``xo_r, dyo_r, bits_r = info[r]``: tap row i counts only where bit i of
+    ``bits_r`` is set, tap column j only where ``0 <= col0 + p*sw + j*dw < w_``.
+    Pixels ``lo <= p < hi`` of rows with every bit set are taken to have every tap
+    inside x and are read unchecked."""
+    taps = [(i, j) for i in range(kh_) for j in range(kw_)]
+    full = (1 << kh_) - 1
+
+    @intrinsic
+    def rows(typingctx, acc, x, dy, info, c0, rs, cs, r0, r1, ow_, lo, hi, col0, w_,  # noqa: PLR0913
+             valid):
+        intp = types.intp
+        sig = types.void(acc, x, dy, info, *(intp,) * 11)
+
+        def codegen(context, builder, signature, args):  # noqa: PLR0915
+            scalar = context.get_value_type(signature.args[0].dtype)
+            lanes = VECTOR_BYTES // context.get_abi_sizeof(scalar)
+            vec = ir.VectorType(scalar, lanes)
+            mask_t = ir.VectorType(ir.IntType(1), lanes)
+            align = ir.Constant(ir.IntType(32), context.get_abi_sizeof(scalar))
+            acc_a, x_a, dy_a, info_a = args[:4]
+            c0_v, rs_v, cs_v, r0_v, r1_v, ow_v, lo_v, hi_v, col0_v, w_v, valid_v = args[4:]
+            it = c0_v.type
+
+            def data(k):
+                return context.make_array(signature.args[k])(context, builder, args[k]).data
+
+            acc_p, x_p, dy_p, info_p = data(0), data(1), data(2), data(3)
+            suffix = f"v{lanes}{'f32' if lanes == 16 else 'f64'}.p0"
+            load = cgutils.get_or_insert_function(
+                builder.module,
+                ir.FunctionType(vec, [vec.as_pointer(), ir.IntType(32), mask_t, vec]),
+                f"llvm.masked.load.{suffix}")
+            store = cgutils.get_or_insert_function(
+                builder.module,
+                ir.FunctionType(ir.VoidType(), [vec, vec.as_pointer(), ir.IntType(32), mask_t]),
+                f"llvm.masked.store.{suffix}")
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.{suffix[:-3]}")
+
+            def const(v):
+                return ir.Constant(it, v)
+
+            def splat(value, lane_t):
+                undef = ir.Constant(ir.VectorType(lane_t, lanes), ir.Undefined)
+                one = builder.insert_element(undef, value, ir.Constant(ir.IntType(32), 0))
+                return builder.shuffle_vector(
+                    one, undef, ir.Constant(ir.VectorType(ir.IntType(32), lanes), None))
+
+            lane_ids = ir.Constant(ir.VectorType(it, lanes), list(range(lanes)))
+            masks = [
+                builder.icmp_signed("<", builder.add(lane_ids, ir.Constant(
+                    lane_ids.type, [v * lanes] * lanes)), splat(valid_v, it))
+                for v in range(NVEC)
+            ]
+            zero = ir.Constant(vec, None)
+            no_lanes = ir.Constant(mask_t, None)
+
+            def read(base, offset, v, mask=None):
+                ptr = builder.gep(base, [builder.add(offset, const(v * lanes))])
+                ptr = builder.bitcast(ptr, vec.as_pointer())
+                return builder.call(load, [ptr, align, masks[v] if mask is None else mask, zero])
+
+            def vptr(base, offset, v):
+                ptr = builder.gep(base, [builder.add(offset, const(v * lanes))])
+                return builder.bitcast(ptr, vec.as_pointer())
+
+            # the accumulators live in allocas (promoted to registers by LLVM)
+            slots = [[cgutils.alloca_once(builder, vec) for _ in range(NVEC)] for _ in taps]
+            for t in range(len(taps)):
+                for v in range(NVEC):
+                    off = builder.add(builder.mul(const(t), cs_v), c0_v)
+                    builder.store(read(acc_p, off, v), slots[t][v])
+
+            def step(xo, dyo, p, width, bits=None):
+                """Pixels p..p+width-1 of one row, every tap; ``bits`` given: check
+                each tap's row and column (width 1 only)."""
+                dys = [[read(dy_p, builder.add(dyo, builder.mul(builder.add(p, const(u)), cs_v)),
+                             v) for v in range(NVEC)] for u in range(width)]
+                col = builder.add(col0_v, builder.mul(p, const(sw)))
+                base = builder.add(xo, builder.mul(col, cs_v))
+                loaded = {}  # (tap row, column offset) -> x vectors
+                for t, (i, j) in enumerate(taps):
+                    row_off = builder.add(base, builder.mul(const(i), rs_v))
+                    tap_masks = None
+                    if bits is not None:
+                        c = builder.add(col, const(j * dw))
+                        inside = builder.and_(
+                            builder.and_(builder.icmp_signed(">=", c, const(0)),
+                                         builder.icmp_signed("<", c, w_v)),
+                            builder.icmp_signed("!=", builder.and_(bits, const(1 << i)),
+                                                const(0)))
+                        tap_masks = [builder.select(inside, masks[v], no_lanes)
+                                     for v in range(NVEC)]
+                    for u in range(width):
+                        k = u * sw + j * dw
+                        if (i, k) not in loaded:
+                            off = builder.add(row_off, builder.mul(const(k), cs_v))
+                            loaded[i, k] = [
+                                read(x_p, off, v, None if tap_masks is None else tap_masks[v])
+                                for v in range(NVEC)]
+                        for v in range(NVEC):
+                            a = builder.load(slots[t][v])
+                            builder.store(builder.call(fma, [loaded[i, k][v], dys[u][v], a]),
+                                          slots[t][v])
+
+            with cgutils.for_range(builder, r1_v, start=r0_v) as row_loop:
+                r3 = builder.mul(row_loop.index, const(3))
+                xo, dyo, bits = (builder.load(builder.gep(info_p, [builder.add(r3, const(k))]))
+                                 for k in range(3))
+                xo, dyo = builder.add(xo, c0_v), builder.add(dyo, c0_v)
+                every = builder.icmp_signed("==", bits, const(full))
+                lo_r = builder.select(every, lo_v, const(0))
+                hi_r = builder.select(every, hi_v, const(0))
+                inner = builder.sub(hi_r, lo_r)
+                blocks = builder.sdiv(inner, const(UNROLL))
+                with cgutils.for_range(builder, blocks) as loop:
+                    step(xo, dyo, builder.add(lo_r, builder.mul(loop.index, const(UNROLL))),
+                         UNROLL)
+                start = builder.add(lo_r, builder.mul(blocks, const(UNROLL)))
+                with cgutils.for_range(builder, hi_r, start=start) as loop:
+                    step(xo, dyo, loop.index, 1)
+                with cgutils.for_range(builder, builder.sub(ow_v, inner)) as loop:
+                    k = loop.index
+                    p = builder.select(builder.icmp_signed("<", k, lo_r), k,
+                                       builder.add(k, inner))
+                    step(xo, dyo, p, 1, bits)
+            for t in range(len(taps)):
+                for v in range(NVEC):
+                    off = builder.add(builder.mul(const(t), cs_v), c0_v)
+                    builder.call(store, [builder.load(slots[t][v]), vptr(acc_p, off, v), align,
+                                         masks[v]])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return rows
+
+
+_KERNELS: dict[tuple[int, ...], tuple[Callable[..., None], Callable[..., None]]] = {}
+
+
+def weight_kernel(
+    kh_: int, kw_: int, sw_: int, dw_: int
+) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The kernels (parallel, serial) for one (KH, KW) kernel shape, width stride and
+    width dilation: ``kernel(x (N,H,W,C), dy (N,OH,OW,C), dw (C, KH*KW), sh, ph, pw,
+    dh, parts)`` overwrites dw; ``parts`` tasks each sum a block of output rows into
+    their own partial. The serial one runs its tasks in turn on the calling thread."""
+    key = (kh_, kw_, sw_, dw_)
+    if key in _KERNELS:
+        return _KERNELS[key]
+    rows = _rows_intrinsic(kh_, kw_, sw_, dw_)
+    reach = (kw_ - 1) * dw_ + 1  # input columns one output pixel reads
+
+    @njit(**NOALIAS)
+    def task(x, dy, acc, r0, r1, sh, ph, pw, dh, band):  # noqa: PLR0913
+        """acc (KH*KW, C) <- the sums over output rows r0:r1 (over n and oh)."""
+        h_, w_, c_ = x.shape[1], x.shape[2], x.shape[3]
+        oh_, ow_ = dy.shape[1], dy.shape[2]
+        acc[...] = 0
+        # columns whose taps all fall inside x: [lo, hi)
+        lo = min(ow_, (pw + sw_ - 1) // sw_)
+        hi = max(lo, min(ow_, (w_ - 1 + pw - (reach - 1)) // sw_ + 1))
+        info = np.empty((r1 - r0, 3), dtype=np.intp)
+        for r in range(r0, r1):
+            n, oh = r // oh_, r % oh_
+            ih0 = oh * sh - ph
+            bits = 0
+            for i in range(kh_):
+                if 0 <= ih0 + i * dh < h_:
+                    bits |= 1 << i
+            info[r - r0, 0] = (n * h_ + ih0) * w_ * c_
+            info[r - r0, 1] = (n * oh_ + oh) * ow_ * c_
+            info[r - r0, 2] = bits
+        lanes = NVEC * VECTOR_BYTES // x.itemsize
+        for b0 in range(0, r1 - r0, band):
+            b1 = min(r1 - r0, b0 + band)
+            for c0 in range(0, c_, lanes):
+                rows(acc, x, dy, info, c0, dh * w_ * c_, c_, b0, b1, ow_, lo, hi, -pw, w_,
+                     min(lanes, c_ - c0))
+
+    def kernel(x, dy, dw, sh, ph, pw, dh, band, parts):  # noqa: PLR0913
+        c_, taps = dw.shape
+        total = dy.shape[0] * dy.shape[1]
+        part = np.empty((parts, taps, c_), dtype=dw.dtype)
+        for p in prange(parts):
+            task(x, dy, part[p], p * total // parts, (p + 1) * total // parts, sh, ph, pw, dh,
+                 band)
+        for c in range(c_):
+            for t in range(taps):
+                s = part[0, t, c]
+                for p in range(1, parts):
+                    s += part[p, t, c]
+                dw[c, t] = s
+
+    _KERNELS[key] = (njit(parallel=True, nogil=True)(kernel), njit(nogil=True)(kernel))
+    return _KERNELS[key]
+
+
+class Plan(NamedTuple):
+    """A depthwise 2-D (or 1-D) backward-weight, ready to run: ``plan(x, dy) -> dw``."""
+
+    kernel: Callable[..., None]
+    key: tuple[int, ...]  # KH, KW, width stride, width dilation
+    x4: tuple[int, ...]  # x seen as (N, H, W, C)
+    dy4: tuple[int, ...]  # dy seen as (N, OH, OW, C)
+    w_shape: tuple[int, ...]  # dw as returned, (C, *K, 1)
+    args: tuple[int, ...]  # sh, ph, pw, dh, band, parts
+
+    def workspace_bytes(self, itemsize: int) -> int:
+        """The partial sums: one (KH*KW, C) block per task."""
+        return self.args[5] * self.key[0] * self.key[1] * self.x4[3] * itemsize
+
+    def __call__(self, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+        """x (N, *S, C), dy (N, *S_out, C), both C-contiguous -> dw (C, *K, 1)."""
+        dw = np.empty(self.w_shape, dtype=x.dtype)
+        self.kernel(x.reshape(self.x4), dy.reshape(self.dy4), dw.reshape(self.x4[3], -1),
+                    *self.args)
+        return dw
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_weight_plan(problem: ConvProblem, threads: int) -> Plan | None:
+    if not _served(problem):
+        return None
+    n, c = problem.batch, problem.in_channels
+    kh_, kw_ = _as2d(problem.kernel, 1)
+    sh, sw = _as2d(problem.stride, 1)
+    dh, dw = _as2d(problem.dilation, 1)
+    ph, pw = _as2d(tuple(lo for lo, _ in problem.padding), 0)
+    x4 = (n, *_as2d(problem.in_size, 1), c)
+    dy4 = (n, *_as2d(problem.out_size, 1), c)
+    parallel, serial = weight_kernel(kh_, kw_, sw, dw)
+    rows = dy4[0] * dy4[1]
+    # output rows per band: the dy rows and the x rows they read, about BAND_BYTES
+    band = max(1, BAND_BYTES // ((dy4[2] + sh * x4[2]) * c * problem.compute_dtype.itemsize))
+    if threads == 1 or rows == 1 or math.prod(dy4) * kh_ * kw_ < SERIAL_MACS:
+        kernel, parts = serial, 1
+    else:
+        kernel, parts = parallel, min(threads, rows)
+    return Plan(kernel, (kh_, kw_, sw, dw), x4, dy4, problem.w_shape("NHWC"),
+                (sh, ph, pw, dh, band, parts))
+
+
+def backward_weight_plan(problem: ConvProblem) -> Plan | None:
+    """The plan computing dw from (x, dy) for a depthwise problem, or None if these
+    kernels do not serve it."""
+    return _backward_weight_plan(problem, get_num_threads())
