@@ -77,7 +77,7 @@ def _execute(
 # ---------------------------------------------------------------- steady state
 
 # Validated calls by what they were called with: (call, the operands' shapes and
-# dtypes, the other arguments as arg_key sees them, algo) -> (the select.settings
+# dtypes, the other arguments and their types, algo) -> (the select.settings
 # they were resolved under, problem, algorithm). A model calls the same convolutions
 # again and again; validating, building and resolving afresh runs some 25 Python
 # functions, 50-80 us with the caches cold after a large kernel (as much as a small
@@ -86,29 +86,35 @@ _CALLS: dict[tuple, tuple[tuple[object, ...], ConvProblem, Algorithm]] = {}
 _CALLS_MAX = 4096
 
 
-def _call_key(pass_: str, a: np.ndarray, b: np.ndarray, *args: Any) -> tuple | None:
-    """The memo key of a call (None if an argument is unhashable: no memo)."""
-    try:
-        return (pass_, a.shape, a.dtype, b.shape, b.dtype,
-                *(v if type(v) is int or type(v) is str else arg_key(v) for v in args))
-    except TypeError:
-        return None
+def _call_key(pass_: str, a: np.ndarray, b: np.ndarray, *args: Any) -> tuple:
+    """The memo key of a call: the arguments with their types (1 and True, 1 and 1.0
+    compare equal but are not the same argument), tuples and lists through arg_key."""
+    kinds = tuple(map(type, args))
+    if tuple in kinds or list in kinds:
+        try:
+            args = tuple(map(arg_key, args))
+        except TypeError:  # unhashable inside: the lookup fails the same way
+            pass
+    return (pass_, a.shape, a.dtype, b.shape, b.dtype, args, kinds)
 
 
 def _resolve_call(
-    key: tuple | None, build: Callable[[], ConvProblem], algo: str
+    key: tuple, build: Callable[[], ConvProblem], algo: str
 ) -> tuple[ConvProblem, Algorithm]:
     """The (problem, algorithm) of a call: remembered under ``key`` while the settings
     stay, else validated by ``build()`` and resolved."""
-    hit = None if key is None else _CALLS.get(key)
+    try:
+        hit = _CALLS.get(key)
+    except TypeError:  # an unhashable argument (an array as padding, ...): no memo
+        problem = build()
+        return problem, select.resolve(problem, algo)
     if hit is not None and hit[0] == select.settings(hit[1].pass_):
         return hit[1], hit[2]
     problem = build()
     chosen = select.resolve(problem, algo)
-    if key is not None:
-        if len(_CALLS) >= _CALLS_MAX:
-            _CALLS.clear()
-        _CALLS[key] = (select.settings(problem.pass_), problem, chosen)
+    if len(_CALLS) >= _CALLS_MAX:
+        _CALLS.clear()
+    _CALLS[key] = (select.settings(problem.pass_), problem, chosen)
     return problem, chosen
 
 
