@@ -3,6 +3,8 @@ validation and resolution, every setting that can change ``auto``'s answer makes
 next call resolve afresh, and arguments that only compare equal (1 and True, 1 and
 1.0) never share an entry."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -47,54 +49,60 @@ def test_repeated_calls_resolve_once(resolutions):
     assert_close(first[0], reference("forward", X, W, padding=1), "float32")
 
 
-@pytest.mark.parametrize("change", [
-    "env_tuning", "env_inexact", "env_cache_dir", "set_tuning", "allow_inexact", "threads",
-    "register", "swap_table", "tuning_cache",
-])
+@contextlib.contextmanager
+def _set(setter, value):
+    """A process-wide setting changed inside, restored after."""
+    previous = setter(value)
+    try:
+        yield
+    finally:
+        setter(previous)
+
+
+@contextlib.contextmanager
+def _other_thread_count():
+    n = ce.get_num_threads()
+    ce.set_num_threads(1 if n > 1 else 2)
+    try:
+        yield
+    finally:
+        ce.set_num_threads(n)
+
+
+def _without(name):
+    """The forward table without ``name``, swapped in for the test's duration."""
+    table = {k: v for k, v in registry._REGISTRY["forward"].items() if k != name}
+    return lambda mp, tmp: mp.setitem(registry._REGISTRY, "forward", table)
+
+
+def _register_probe(mp, tmp):
+    mp.setitem(registry._REGISTRY, "forward", dict(registry._REGISTRY["forward"]))
+    registry.register("memo_probe", "forward", supports=lambda p: "never")(lambda p, a, b: a)
+
+
+# each: (monkeypatch, tmp_path) -> a change that lasts for the test, or a context
+# manager within which the change holds
+CHANGES = {
+    "env_tuning": lambda mp, tmp: mp.setenv("CONVENGINE_TUNING", "cache-only"),
+    "env_inexact": lambda mp, tmp: mp.setenv("CONVENGINE_INEXACT", "off"),
+    "env_cache_dir": lambda mp, tmp: mp.setenv("CONVENGINE_CACHE_DIR", str(tmp)),
+    "set_tuning": lambda mp, tmp: _set(ce.set_tuning, "cache-only"),
+    "allow_inexact": lambda mp, tmp: _set(ce.allow_inexact, False),
+    "threads": lambda mp, tmp: _other_thread_count(),
+    "register": _register_probe,
+    "swap_table": _without("im2col"),  # (an equal copy would rightly keep the memo)
+    "tuning_cache": lambda mp, tmp: tuner.default_cache().forget(),
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
 def test_settings_changes_resolve_afresh(change, resolutions, monkeypatch, tmp_path):
     ce.conv(X, W, padding=1)
     ce.conv(X, W, padding=1)
     assert len(resolutions) == 1
-    if change == "env_tuning":
-        monkeypatch.setenv("CONVENGINE_TUNING", "cache-only")
-    elif change == "env_inexact":
-        monkeypatch.setenv("CONVENGINE_INEXACT", "off")
-    elif change == "env_cache_dir":
-        monkeypatch.setenv("CONVENGINE_CACHE_DIR", str(tmp_path))
-    elif change == "set_tuning":
-        previous = ce.set_tuning("cache-only")
-        try:
-            ce.conv(X, W, padding=1)
-        finally:
-            ce.set_tuning(previous)
-        assert len(resolutions) == 2
-        return
-    elif change == "allow_inexact":
-        previous = ce.allow_inexact(False)
-        try:
-            ce.conv(X, W, padding=1)
-        finally:
-            ce.allow_inexact(previous)
-        assert len(resolutions) == 2
-        return
-    elif change == "threads":
-        n = ce.get_num_threads()
-        ce.set_num_threads(1 if n > 1 else 2)
-        try:
-            ce.conv(X, W, padding=1)
-        finally:
-            ce.set_num_threads(n)
-        assert len(resolutions) == 2
-        return
-    elif change == "register":
-        monkeypatch.setitem(registry._REGISTRY, "forward", dict(registry._REGISTRY["forward"]))
-        registry.register("memo_probe", "forward", supports=lambda p: "never")(lambda p, a, b: a)
-    elif change == "swap_table":  # (an equal copy would rightly keep the memo)
-        table = {k: v for k, v in registry._REGISTRY["forward"].items() if k != "im2col"}
-        monkeypatch.setitem(registry._REGISTRY, "forward", table)
-    elif change == "tuning_cache":
-        tuner.default_cache().forget()
-    ce.conv(X, W, padding=1)
+    context = CHANGES[change](monkeypatch, tmp_path)
+    with context if context is not None else contextlib.nullcontext():
+        ce.conv(X, W, padding=1)
     assert len(resolutions) == 2
 
 
