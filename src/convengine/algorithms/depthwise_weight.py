@@ -10,14 +10,18 @@ with out-of-range input pixels read as zero (1-D problems are the KH = 1 case).
 Kernels are generated per (KH, KW, width stride, width dilation). The inner loop is
 an ``@intrinsic`` (``llvm.fma`` on 512-bit vectors, masked loads for the last
 channels, as in ``depthwise.py``) that keeps the KH*KW accumulators of NVEC vectors
-of channels in registers while it walks every output pixel of a task's rows: each dy
-vector is loaded once and multiplied with the shifted x vectors of all taps
-(``UNROLL`` adjacent pixels at a time, so x columns shared by neighbouring pixels
-are loaded once). Pixels whose taps all fall inside x read x unchecked; the others
-(first and last columns, rows near the top and bottom) mask each tap's load by
-whether its row and column lie inside x. The work is one task per thread, a block
-of output rows (over n and oh) each adding into its own partial dw, summed at the
-end; all on the calling thread below SERIAL_MACS multiply-adds.
+of channels in registers while it walks every output pixel of a band of rows: each
+dy vector is loaded once and multiplied with the shifted x vectors of all taps
+(``UNROLL`` adjacent pixels at a time, each x column loaded once for all the taps and
+pixels that read it). Pixels whose taps all fall inside x read x unchecked; the
+others (first and last columns, rows near the top and bottom) mask each tap's load
+by whether its row and column lie inside x. The channel blocks run in turn over a
+band of output rows whose dy and x take about BAND_BYTES (so that the later blocks
+find the band's cache lines in L2: one block at a time over all rows streamed the
+channels-last data with a stride and ran 1.2-1.7x slower at batch 8). The work is one
+task per thread, a block of output rows (over n and oh) each adding into its own
+partial dw, summed at the end; all on the calling thread below SERIAL_MACS
+multiply-adds.
 """
 
 from __future__ import annotations
@@ -132,30 +136,32 @@ def _rows_intrinsic(kh_: int, kw_: int, sw: int, dw: int) -> Any:  # noqa: C901
                              v) for v in range(NVEC)] for u in range(width)]
                 col = builder.add(col0_v, builder.mul(p, const(sw)))
                 base = builder.add(xo, builder.mul(col, cs_v))
-                loaded = {}  # (tap row, column offset) -> x vectors
-                for t, (i, j) in enumerate(taps):
+                # each x column of a tap row loaded once, used by every (tap, pixel) that
+                # reads it, then dead: few registers live besides the accumulators
+                for i in range(kh_):
                     row_off = builder.add(base, builder.mul(const(i), rs_v))
-                    tap_masks = None
-                    if bits is not None:
-                        c = builder.add(col, const(j * dw))
-                        inside = builder.and_(
-                            builder.and_(builder.icmp_signed(">=", c, const(0)),
-                                         builder.icmp_signed("<", c, w_v)),
-                            builder.icmp_signed("!=", builder.and_(bits, const(1 << i)),
-                                                const(0)))
-                        tap_masks = [builder.select(inside, masks[v], no_lanes)
-                                     for v in range(NVEC)]
-                    for u in range(width):
-                        k = u * sw + j * dw
-                        if (i, k) not in loaded:
-                            off = builder.add(row_off, builder.mul(const(k), cs_v))
-                            loaded[i, k] = [
-                                read(x_p, off, v, None if tap_masks is None else tap_masks[v])
-                                for v in range(NVEC)]
-                        for v in range(NVEC):
-                            a = builder.load(slots[t][v])
-                            builder.store(builder.call(fma, [loaded[i, k][v], dys[u][v], a]),
-                                          slots[t][v])
+                    uses = {}  # column offset -> [(tap, pixel)]
+                    for j in range(kw_):
+                        for u in range(width):
+                            uses.setdefault(u * sw + j * dw, []).append((i * kw_ + j, u))
+                    for k in sorted(uses):
+                        tap_masks = masks
+                        if bits is not None:  # width 1: column k is tap k // dw
+                            c = builder.add(col, const(k))
+                            inside = builder.and_(
+                                builder.and_(builder.icmp_signed(">=", c, const(0)),
+                                             builder.icmp_signed("<", c, w_v)),
+                                builder.icmp_signed("!=", builder.and_(bits, const(1 << i)),
+                                                    const(0)))
+                            tap_masks = [builder.select(inside, masks[v], no_lanes)
+                                         for v in range(NVEC)]
+                        off = builder.add(row_off, builder.mul(const(k), cs_v))
+                        xs = [read(x_p, off, v, tap_masks[v]) for v in range(NVEC)]
+                        for t, u in uses[k]:
+                            for v in range(NVEC):
+                                a = builder.load(slots[t][v])
+                                builder.store(builder.call(fma, [xs[v], dys[u][v], a]),
+                                              slots[t][v])
 
             with cgutils.for_range(builder, r1_v, start=r0_v) as row_loop:
                 r3 = builder.mul(row_loop.index, const(3))
