@@ -143,8 +143,10 @@ def test_depthwise_backward_weight_runs_small_problems_serially() -> None:
         ce.set_num_threads(2)
         small = _problem((1, 7, 7, 960), (3, 3), dict(padding=1))  # 0.42M multiply-adds
         large = _problem((8, 14, 14, 576), (3, 3), dict(padding=1))  # 8.1M
+        strided = _problem((1, 56, 56, 144), (3, 3), dict(stride=2, padding=1))  # 1.8 MB of x
         assert depthwise_weight.backward_weight_plan(small).args[-1] == 1
         assert depthwise_weight.backward_weight_plan(large).args[-1] == 2
+        assert depthwise_weight.backward_weight_plan(strided).args[-1] == 2
     finally:
         ce.set_num_threads(previous)
         depthwise_weight._backward_weight_plan.cache_clear()

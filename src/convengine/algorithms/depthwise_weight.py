@@ -20,8 +20,8 @@ band of output rows whose dy and x take about BAND_BYTES (so that the later bloc
 find the band's cache lines in L2: one block at a time over all rows streamed the
 channels-last data with a stride and ran 1.2-1.7x slower at batch 8). The work is one
 task per thread, a block of output rows (over n and oh) each adding into its own
-partial dw, summed at the end; all on the calling thread below SERIAL_MACS
-multiply-adds.
+partial dw, summed at the end; small problems (SERIAL_MACS, SERIAL_BYTES) all on the
+calling thread.
 """
 
 from __future__ import annotations
@@ -42,9 +42,13 @@ from .depthwise import NOALIAS, VECTOR_BYTES, _as2d, _served
 
 NVEC = 2  # vectors of channels per register block
 UNROLL = 4  # adjacent output pixels per step of the unchecked loop
-# Below this many multiply-adds the calling thread does it all (starting the
-# parallel region costs more than the second thread saves).
+# Problems under both limits run on the calling thread (starting the parallel region
+# costs more than the second thread saves). MobileNetV2's batch-1 layers under 2M
+# multiply-adds, data from L3: 7x7 (376 KB of x and dy) and 14x14 stride 2 (564 KB)
+# ran 1.1-1.5x faster serially, 14x14 (602 KB and more) and stride-2 layers with
+# more data 1.05-1.5x faster on two threads.
 SERIAL_MACS = 2_000_000
+SERIAL_BYTES = 576 << 10
 BAND_BYTES = 256 << 10
 
 
@@ -294,7 +298,9 @@ def _backward_weight_plan(problem: ConvProblem, threads: int) -> Plan | None:
     rows = dy4[0] * dy4[1]
     # output rows per band: the dy rows and the x rows they read, about BAND_BYTES
     band = max(1, BAND_BYTES // ((dy4[2] + sh * x4[2]) * c * problem.compute_dtype.itemsize))
-    if threads == 1 or rows == 1 or math.prod(dy4) * kh_ * kw_ < SERIAL_MACS:
+    small = (math.prod(dy4) * kh_ * kw_ < SERIAL_MACS
+             and (math.prod(x4) + math.prod(dy4)) * problem.compute_dtype.itemsize < SERIAL_BYTES)
+    if threads == 1 or rows == 1 or small:
         kernel, parts = serial, 1
     else:
         kernel, parts = parallel, min(threads, rows)
