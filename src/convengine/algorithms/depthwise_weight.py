@@ -33,11 +33,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from llvmlite import ir
-from numba import get_num_threads, njit, prange, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..problem import ConvProblem
+from ..threads import get_num_threads
 from .depthwise import NOALIAS, VECTOR_BYTES, _as2d, _served
 
 NVEC = 2  # vectors of channels per register block
