@@ -23,6 +23,8 @@ constant matrices with their shared sub-sums factored out (see ``_matvec``).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from llvmlite import ir
 from numba import types
@@ -82,6 +84,39 @@ def splat(builder: ir.IRBuilder, value: ir.Value, vec: ir.VectorType) -> ir.Valu
 def nr(itemsize: int) -> int:
     """Columns of the register block for elements of ``itemsize`` bytes."""
     return NVEC * VECTOR_BYTES // itemsize
+
+
+class VectorOps(NamedTuple):
+    """A dtype's 512-bit vector and lane-mask types, element alignment, and the masked
+    load ``load(ptr, align, mask, passthru)``, masked store ``store(v, ptr, align,
+    mask)`` and ``fma(a, b, c)`` intrinsics declared in the module being built."""
+
+    vec: ir.VectorType
+    mask_t: ir.VectorType
+    align: ir.Constant
+    load: ir.Function
+    store: ir.Function
+    fma: ir.Function
+
+
+def vector_ops(context, builder: ir.IRBuilder, dtype) -> VectorOps:
+    """VectorOps for numba ``dtype`` (float32: 16 lanes, float64: 8)."""
+    scalar = context.get_value_type(dtype)
+    size = context.get_abi_sizeof(scalar)
+    lanes = VECTOR_BYTES // size
+    vec = ir.VectorType(scalar, lanes)
+    mask_t = ir.VectorType(ir.IntType(1), lanes)
+    suffix = f"v{lanes}f{8 * size}"
+    module = builder.module
+    load = cgutils.get_or_insert_function(
+        module, ir.FunctionType(vec, [vec.as_pointer(), ir.IntType(32), mask_t, vec]),
+        f"llvm.masked.load.{suffix}.p0")
+    store = cgutils.get_or_insert_function(
+        module, ir.FunctionType(ir.VoidType(), [vec, vec.as_pointer(), ir.IntType(32), mask_t]),
+        f"llvm.masked.store.{suffix}.p0")
+    fma = cgutils.get_or_insert_function(
+        module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.{suffix}")
+    return VectorOps(vec, mask_t, ir.Constant(ir.IntType(32), size), load, store, fma)
 
 
 @intrinsic

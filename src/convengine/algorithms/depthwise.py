@@ -29,11 +29,12 @@ from typing import Any, NamedTuple
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils, cpu, options
+from numba.core import cpu, options
 from numba.extending import intrinsic
 
 from ..problem import ConvProblem
 from ..threads import get_num_threads
+from ._fma import VECTOR_BYTES, vector_ops  # one zmm: 16 float32 or 8 float64
 
 # numba's compiler has a ``noalias`` flag (LLVM ``noalias`` on every array argument)
 # but no public njit option for it; map one, so that kernels whose arrays never
@@ -42,7 +43,6 @@ if not hasattr(cpu.CPUTargetOptions, "noalias"):
     cpu.CPUTargetOptions.noalias = options._mapping("noalias")
 NOALIAS: dict[str, Any] = {"nogil": True, "noalias": True, "fastmath": {"contract"}}
 
-VECTOR_BYTES = 64  # one zmm register: 16 float32 or 8 float64 channels
 OW_BLOCK = 4  # output pixels per register block
 NVEC = 2  # vectors of channels per register block
 GRAIN = 16  # channel slices of a split start at multiples of this
@@ -72,27 +72,14 @@ def _block_intrinsic(  # noqa: PLR0913
         sig = types.void(y, intp, a, intp, intp, intp, wk, intp, intp, intp, intp)
 
         def codegen(context, builder, signature, args):
-            scalar = context.get_value_type(signature.args[0].dtype)
-            lanes = VECTOR_BYTES // context.get_abi_sizeof(scalar)
-            vec = ir.VectorType(scalar, lanes)
-            mask_t = ir.VectorType(ir.IntType(1), lanes)
-            align = ir.Constant(ir.IntType(32), context.get_abi_sizeof(scalar))
+            vec, mask_t, align, load, store, fma = vector_ops(
+                context, builder, signature.args[0].dtype)
+            lanes = vec.count
             y_a, yo_v, a_a, ao_v, rs_v, cs_v, wk_a, wo_v, c_v, valid_v, rows_v = args
             it = yo_v.type
             y_ptr = context.make_array(signature.args[0])(context, builder, y_a).data
             a_ptr = context.make_array(signature.args[2])(context, builder, a_a).data
             w_ptr = context.make_array(signature.args[6])(context, builder, wk_a).data
-            suffix = f"v{lanes}{'f32' if lanes == 16 else 'f64'}.p0"
-            load = cgutils.get_or_insert_function(
-                builder.module,
-                ir.FunctionType(vec, [vec.as_pointer(), ir.IntType(32), mask_t, vec]),
-                f"llvm.masked.load.{suffix}")
-            store = cgutils.get_or_insert_function(
-                builder.module,
-                ir.FunctionType(ir.VoidType(), [vec, vec.as_pointer(), ir.IntType(32), mask_t]),
-                f"llvm.masked.store.{suffix}")
-            fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.{suffix[:-3]}")
             lane_ids = ir.Constant(ir.VectorType(it, lanes), list(range(lanes)))
             undef = ir.Constant(ir.VectorType(it, lanes), ir.Undefined)
             splat = builder.shuffle_vector(

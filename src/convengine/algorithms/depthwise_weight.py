@@ -39,6 +39,7 @@ from numba.extending import intrinsic
 
 from ..problem import ConvProblem
 from ..threads import get_num_threads
+from ._fma import vector_ops
 from .depthwise import NOALIAS, VECTOR_BYTES, _as2d, _served
 
 NVEC = 2  # vectors of channels per register block
@@ -77,11 +78,9 @@ def _rows_intrinsic(kh_: int, kw_: int, sw: int, dw: int) -> Any:  # noqa: C901
         sig = types.void(acc, x, dy, info, *(intp,) * 11)
 
         def codegen(context, builder, signature, args):  # noqa: PLR0915
-            scalar = context.get_value_type(signature.args[0].dtype)
-            lanes = VECTOR_BYTES // context.get_abi_sizeof(scalar)
-            vec = ir.VectorType(scalar, lanes)
-            mask_t = ir.VectorType(ir.IntType(1), lanes)
-            align = ir.Constant(ir.IntType(32), context.get_abi_sizeof(scalar))
+            vec, mask_t, align, load, store, fma = vector_ops(
+                context, builder, signature.args[0].dtype)
+            lanes = vec.count
             acc_a, x_a, dy_a, info_a = args[:4]
             c0_v, rs_v, cs_v, r0_v, r1_v, ow_v, lo_v, hi_v, col0_v, w_v, valid_v = args[4:]
             it = c0_v.type
@@ -90,17 +89,6 @@ def _rows_intrinsic(kh_: int, kw_: int, sw: int, dw: int) -> Any:  # noqa: C901
                 return context.make_array(signature.args[k])(context, builder, args[k]).data
 
             acc_p, x_p, dy_p, info_p = data(0), data(1), data(2), data(3)
-            suffix = f"v{lanes}{'f32' if lanes == 16 else 'f64'}.p0"
-            load = cgutils.get_or_insert_function(
-                builder.module,
-                ir.FunctionType(vec, [vec.as_pointer(), ir.IntType(32), mask_t, vec]),
-                f"llvm.masked.load.{suffix}")
-            store = cgutils.get_or_insert_function(
-                builder.module,
-                ir.FunctionType(ir.VoidType(), [vec, vec.as_pointer(), ir.IntType(32), mask_t]),
-                f"llvm.masked.store.{suffix}")
-            fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.{suffix[:-3]}")
 
             def const(v):
                 return ir.Constant(it, v)
