@@ -114,6 +114,7 @@ def _resolve_call(
     chosen = select.resolve(problem, algo)
     if len(_CALLS) >= _CALLS_MAX:
         _CALLS.clear()
+    # the settings after resolving: tuning on a miss adds to the tuning caches
     _CALLS[key] = (select.settings(problem.pass_), problem, chosen)
     return problem, chosen
 

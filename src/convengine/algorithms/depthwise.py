@@ -11,10 +11,11 @@ Kernels are generated per (KH, KW, width stride, dilations). The register block 
 an ``@intrinsic`` that emits ``llvm.fma`` on 512-bit vectors (LLVM's default for
 this CPU through numba is 256-bit): ``OW_BLOCK`` adjacent output pixels times
 ``NVEC`` vectors of channels, every tap unrolled, with masked loads and stores for
-the last channels. Rows whose taps all fall inside x read x in place, their first
-and last columns through variants of the block restricted to the tap columns inside
-x; rows near the top and bottom (and every row when some pixel has no tap column
-inside x) read zero-padded copies of their input rows. The work is one task per
+the last channels. Every row reads x in place: its first and last columns through
+variants of the block restricted to the tap columns inside x, and near the top and
+bottom with the tap rows outside x masked off in the loads. Only where some pixel
+has no tap column inside x (padding wider than the kernel's reach) do the rows read
+zero-padded copies of their input rows. The work is one task per
 thread, a block of output rows (a slice of channels when there are fewer rows than
 threads), or all on the calling thread below SERIAL_MACS multiply-adds.
 """
