@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import convengine as ce
+from convengine import api
 from convengine.algorithms import depthwise_weight
 from oracle import assert_close
 
@@ -51,10 +52,12 @@ def threads(request, monkeypatch):
     monkeypatch.setattr(depthwise_weight, "SERIAL_MACS", 0)
     monkeypatch.setattr(depthwise_weight, "BAND_BYTES", 4096)
     depthwise_weight._backward_weight_plan.cache_clear()
+    api._CALLS.clear()  # remembered calls hold their plans
     ce.set_num_threads(request.param)
     yield request.param
     ce.set_num_threads(previous)
     depthwise_weight._backward_weight_plan.cache_clear()
+    api._CALLS.clear()  # remembered calls hold their plans
 
 
 def _problem(xs, k, args):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import convengine as ce
+from convengine import api
 
 # max |got - ref| / (1 + max |ref|) allowed per input dtype
 TOLERANCE = {"float64": 1e-12, "float32": 2e-5, "float16": 2e-2}
@@ -150,10 +151,12 @@ def depthwise_threads(request, monkeypatch):
     ce.set_num_threads(request.param)
     for cached in (depthwise._forward_plan, depthwise._backward_data_plan):
         cached.cache_clear()
+    api._CALLS.clear()  # remembered calls hold their plans
     yield request.param
     ce.set_num_threads(previous)
     for cached in (depthwise._forward_plan, depthwise._backward_data_plan):
         cached.cache_clear()
+    api._CALLS.clear()  # remembered calls hold their plans
 
 
 @pytest.mark.parametrize("depthwise_threads", [1, 2], indirect=True)

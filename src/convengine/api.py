@@ -30,7 +30,7 @@ from .problem import (
     to_int,
     transpose_output_size,
 )
-from .registry import Algorithm
+from .registry import Algorithm, Bound
 
 # ---------------------------------------------------------------- running a pass
 
@@ -48,12 +48,14 @@ def _check_bias(bias: Any, channels: int, dtype: np.dtype) -> np.ndarray | None:
 def _execute(
     problem: ConvProblem,
     algorithm: Algorithm,
+    run: Bound,
     a: np.ndarray,
     b: np.ndarray,
     out_dtype: np.dtype,
     bias: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Run one pass; ``a``/``b`` in the problem's layout. Empty problems short-cut.
+    """Run one pass, ``run(a, b)`` (``algorithm`` bound to ``problem``); ``a``/``b`` in
+    the problem's layout. Empty problems short-cut.
     The operands go to the kernels C-contiguous, channels-last, in the compute dtype
     (converted at most once each: no copy for contiguous NHWC input of that dtype) and
     the result comes back in the caller's layout and ``out_dtype``."""
@@ -65,9 +67,9 @@ def _execute(
     a, b = np.ascontiguousarray(a, dtype=dtype), np.ascontiguousarray(b, dtype=dtype)
     if algorithm.numpy_math:
         with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf propagate silently
-            out = algorithm.run(problem, a, b)
+            out = run(a, b)
     else:  # compiled code raises no numpy warnings (errstate costs 7-18 us cold)
-        out = algorithm.run(problem, a, b)
+        out = run(a, b)
     if bias is not None:
         with np.errstate(invalid="ignore", over="ignore"):
             out += bias
@@ -78,11 +80,12 @@ def _execute(
 
 # Validated calls by what they were called with: (call, the operands' shapes and
 # dtypes, the other arguments and their types, algo) -> (the select.settings
-# they were resolved under, problem, algorithm). A model calls the same convolutions
-# again and again; validating, building and resolving afresh runs some 25 Python
-# functions, 50-80 us with the caches cold after a large kernel (as much as a small
-# layer's kernel), where this costs one lookup and the settings check.
-_CALLS: dict[tuple, tuple[tuple[object, ...], ConvProblem, Algorithm]] = {}
+# they were resolved under, problem, algorithm, the algorithm bound to the problem).
+# A model calls the same convolutions again and again; validating, building and
+# resolving afresh runs some 25 Python functions, 50-80 us with the caches cold after
+# a large kernel (as much as a small layer's kernel), where this costs one lookup and
+# the settings check; the bound algorithm skips the kernels' own plan lookups.
+_CALLS: dict[tuple, tuple[tuple[object, ...], ConvProblem, Algorithm, Bound]] = {}
 _CALLS_MAX = 4096
 
 
@@ -100,23 +103,25 @@ def _call_key(pass_: str, a: np.ndarray, b: np.ndarray, *args: Any) -> tuple:
 
 def _resolve_call(
     key: tuple, build: Callable[[], ConvProblem], algo: str
-) -> tuple[ConvProblem, Algorithm]:
-    """The (problem, algorithm) of a call: remembered under ``key`` while the settings
-    stay, else validated by ``build()`` and resolved."""
+) -> tuple[ConvProblem, Algorithm, Bound]:
+    """The (problem, algorithm, algorithm bound to the problem) of a call: remembered
+    under ``key`` while the settings stay, else validated by ``build()`` and resolved."""
     try:
         hit = _CALLS.get(key)
     except TypeError:  # an unhashable argument (an array as padding, ...): no memo
         problem = build()
-        return problem, select.resolve(problem, algo)
+        chosen = select.resolve(problem, algo)
+        return problem, chosen, chosen.bind(problem)
     if hit is not None and hit[0] == select.settings(hit[1].pass_):
-        return hit[1], hit[2]
+        return hit[1], hit[2], hit[3]
     problem = build()
     chosen = select.resolve(problem, algo)
+    bound = chosen.bind(problem)
     if len(_CALLS) >= _CALLS_MAX:
         _CALLS.clear()
     # the settings after resolving: tuning on a miss adds to the tuning caches
-    _CALLS[key] = (select.settings(problem.pass_), problem, chosen)
-    return problem, chosen
+    _CALLS[key] = (select.settings(problem.pass_), problem, chosen, bound)
+    return problem, chosen, bound
 
 
 # ---------------------------------------------------------------- problem builders
@@ -255,14 +260,14 @@ def conv(
     w ``(O, *K, C // groups)`` in NHWC; bias ``(O,)``. Returns y in the same layout.
     """
     x, w = as_array(x, "x"), as_array(w, "w")
-    problem, chosen = _resolve_call(
+    problem, chosen, run = _resolve_call(
         _call_key("forward", x, w, bias is None, stride, padding, dilation, groups, layout,
                   algo),
         lambda: forward_problem(x, w, bias, stride=stride, padding=padding,
                                 dilation=dilation, groups=groups, layout=layout),
         algo)
     b = None if bias is None else _check_bias(bias, problem.out_channels, problem.compute_dtype)
-    return _execute(problem, chosen, x, w, x.dtype, b)
+    return _execute(problem, chosen, run, x, w, x.dtype, b)
 
 
 def conv_backward_data(
@@ -279,13 +284,13 @@ def conv_backward_data(
 ) -> np.ndarray:
     """Gradient of :func:`conv` w.r.t. x: dy ``(N, O, *S_out)`` -> dx of ``input_shape``."""
     dy, w = as_array(dy, "dy"), as_array(w, "w")
-    problem, chosen = _resolve_call(
+    problem, chosen, run = _resolve_call(
         _call_key("backward_data", dy, w, input_shape, stride, padding, dilation, groups,
                   layout, algo),
         lambda: backward_data_problem(dy, w, input_shape, stride=stride, padding=padding,
                                       dilation=dilation, groups=groups, layout=layout),
         algo)
-    return _execute(problem, chosen, dy, w, dy.dtype)
+    return _execute(problem, chosen, run, dy, w, dy.dtype)
 
 
 def conv_backward_weight(
@@ -302,13 +307,13 @@ def conv_backward_weight(
 ) -> np.ndarray:
     """Gradient of :func:`conv` w.r.t. w: (x, dy) -> dw of ``weight_shape``."""
     x, dy = as_array(x, "x"), as_array(dy, "dy")
-    problem, chosen = _resolve_call(
+    problem, chosen, run = _resolve_call(
         _call_key("backward_weight", x, dy, weight_shape, stride, padding, dilation, groups,
                   layout, algo),
         lambda: backward_weight_problem(x, dy, weight_shape, stride=stride, padding=padding,
                                         dilation=dilation, groups=groups, layout=layout),
         algo)
-    return _execute(problem, chosen, x, dy, x.dtype)
+    return _execute(problem, chosen, run, x, dy, x.dtype)
 
 
 def conv_transpose(
@@ -329,7 +334,7 @@ def conv_transpose(
     Output size per dim: ``(S - 1) * stride - lo - hi + dilation * (K - 1) + 1 + output_padding``.
     """
     x, w = as_array(x, "x"), as_array(w, "w")
-    problem, chosen = _resolve_call(
+    problem, chosen, run = _resolve_call(
         _call_key("transpose", x, w, bias is None, stride, padding, output_padding, dilation,
                   groups, layout, algo),
         lambda: transpose_problem(x, w, bias, stride=stride, padding=padding,
@@ -339,7 +344,7 @@ def conv_transpose(
     b = None if bias is None else _check_bias(bias, problem.in_channels, problem.compute_dtype)
     if x.shape != problem.y_shape():
         x = _zero_extend(x, problem.y_shape())
-    return _execute(problem, chosen, x, w, x.dtype, b)
+    return _execute(problem, chosen, run, x, w, x.dtype, b)
 
 
 def _zero_extend(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

@@ -9,10 +9,15 @@ Kernels see canonical arrays only, whatever the user's layout:
 with x ``(N, *S, C)``, w ``(O, *K, C // g)``, y/dy ``(N, *S_out, O)`` (channels-last),
 C-contiguous, in ``problem.compute_dtype``. ``run`` returns the result in the same
 channels-last form and dtype. Bias is not the kernel's business.
+
+An algorithm may also register ``prepare(problem) -> fn`` (or None), with ``fn(a, b)``
+doing what ``run(problem, a, b)`` does: the API keeps ``fn`` with a remembered call, so
+that a plan ``run`` would look up on every call is looked up once.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +28,7 @@ from .problem import PASSES, ConvProblem
 
 Supports = Callable[[ConvProblem], "str | None"]
 Run = Callable[[ConvProblem, np.ndarray, np.ndarray], np.ndarray]
+Bound = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def no_workspace(problem: ConvProblem) -> int:
@@ -49,6 +55,13 @@ class Algorithm:
     deterministic: bool = True
     accuracy: int = 1
     numpy_math: bool = True  # runs numpy arithmetic: its FP warnings are silenced around it
+    prepare: Callable[[ConvProblem], Bound | None] | None = None
+
+    def bind(self, problem: ConvProblem) -> Bound:
+        """``fn(a, b)`` running this algorithm on ``problem``: ``prepare(problem)``
+        where that gives one, else ``run`` with the problem bound."""
+        prepared = None if self.prepare is None else self.prepare(problem)
+        return functools.partial(self.run, problem) if prepared is None else prepared
 
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {p: {} for p in PASSES}
@@ -65,17 +78,20 @@ def register(
     deterministic: bool = True,
     accuracy: int = 1,
     numpy_math: bool = True,
+    prepare: Callable[[ConvProblem], Bound | None] | None = None,
 ) -> Callable[[Run], Run]:
     """Decorator registering ``run`` as algorithm ``name`` for ``pass_``.
     ``numpy_math=False`` for kernels that run compiled code only: the API then skips
-    silencing numpy's floating-point warnings around them (a few us a call)."""
+    silencing numpy's floating-point warnings around them (a few us a call).
+    ``prepare``: see the module docstring."""
     if pass_ not in PASSES:
         raise ValueError(f"unknown pass {pass_!r}; expected one of {PASSES}")
 
     def decorate(run: Run) -> Run:
         global _generation
         _REGISTRY[pass_][name] = Algorithm(name, pass_, run, supports, workspace_bytes,
-                                           exact, deterministic, accuracy, numpy_math)
+                                           exact, deterministic, accuracy, numpy_math,
+                                           prepare)
         _generation += 1
         return run
 

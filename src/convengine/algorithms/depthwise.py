@@ -203,6 +203,18 @@ def _fill(buf, i, x, n, ih, col0, width, c0):
                 buf[i, k, c] = 0
 
 
+@njit(nogil=True)
+def _cache_line_aligned(n, h, w, c, like):
+    """An uninitialised (n, h, w, c) array of like's dtype starting on a 64-byte cache
+    line (numpy's own start 16 bytes into one: 64-byte vector stores then straddle
+    two lines, measured 3-5% slower on the MobileNetV2 depthwise layers)."""
+    total = n * h * w * c
+    per_line = 64 // like.itemsize
+    raw = np.empty(total + per_line, like.dtype)
+    start = (-raw.ctypes.data % 64) // like.itemsize
+    return raw[start:start + total].reshape((n, h, w, c))
+
+
 _KERNELS: dict[tuple[int, ...], tuple[Callable[..., None], Callable[..., None]]] = {}
 
 
@@ -210,9 +222,9 @@ def depthwise2d_kernel(
     kh_: int, kw_: int, sw_: int, dh_: int, dw_: int
 ) -> tuple[Callable[..., None], Callable[..., None]]:
     """The kernels (parallel, serial) for one (KH, KW) kernel shape, width stride and
-    dilations: ``kernel(x (N,H,W,C), w (C, KH*KW), y (N,OH,OW,C), flip, sh, ph, pw,
-    row_parts, channel_parts)`` overwrites y; ``flip`` reverses the taps. The serial
-    one runs its tasks in turn on the calling thread."""
+    dilations: ``kernel(x (N,H,W,C), w (C, KH*KW), flip, OH, OW, sh, ph, pw,
+    row_parts, channel_parts) -> y (N,OH,OW,C)``; ``flip`` reverses the taps. The
+    serial one runs its tasks in turn on the calling thread."""
     key = (kh_, kw_, sw_, dh_, dw_)
     if key in _KERNELS:
         return _KERNELS[key]
@@ -274,8 +286,9 @@ def depthwise2d_kernel(
                 edge(y, yo + ow * c_, x, row + (ow * sw_ - pw) * c_, dh_ * w_ * c_, c_, wk,
                      c0, cb, windows[ow, 0], windows[ow, 1], rows)
 
-    def kernel(x, w, y, flip, sh, ph, pw, row_parts, channel_parts):  # noqa: PLR0913
-        c_ = x.shape[3]
+    def kernel(x, w, flip, oh_, ow_, sh, ph, pw, row_parts, channel_parts):  # noqa: PLR0913
+        n_, c_ = x.shape[0], x.shape[3]
+        y = _cache_line_aligned(n_, oh_, ow_, c_, x)
         wk = np.empty((kh_, kw_, c_), dtype=y.dtype)  # taps outermost, channels innermost
         for i in range(kh_):
             for j in range(kw_):
@@ -292,6 +305,7 @@ def depthwise2d_kernel(
             buf = np.empty((kh_, wp_, c1 - c0), dtype=y.dtype)
             task(x, wk, y, buf, p * rows // row_parts, (p + 1) * rows // row_parts,
                  c0, sh, ph, pw)
+        return y
 
     _KERNELS[key] = (njit(parallel=True, nogil=True)(kernel), njit(nogil=True)(kernel))
     return _KERNELS[key]
@@ -326,11 +340,11 @@ class Plan(NamedTuple):
         return (kh_ * kw_ * c + buffers) * itemsize
 
     def __call__(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """x (N, *S, C), w (C, *K, 1), both C-contiguous -> y (N, *S_out, C)."""
-        y = np.empty(self.y_shape, dtype=x.dtype)
-        self.kernel(x.reshape(self.x4), w.reshape(w.shape[0], -1), y.reshape(self.y4),
-                    self.flip, *self.args)
-        return y
+        """x (N, *S, C), w (C, *K, 1), both C-contiguous -> y (N, *S_out, C), starting
+        on a cache line."""
+        y = self.kernel(x.reshape(self.x4), w.reshape(w.shape[0], -1), self.flip,
+                        *self.y4[1:3], *self.args)
+        return y.reshape(self.y_shape)
 
 
 def _served(problem: ConvProblem) -> bool:

@@ -308,7 +308,7 @@ def _workspace(problem: ConvProblem) -> int:
 
 
 @register("direct", "forward", supports=_supports, workspace_bytes=_workspace, accuracy=2,
-          numpy_math=False)
+          numpy_math=False, prepare=forward_plan)
 def direct_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     plan = forward_plan(problem)
     if plan is not None:
@@ -326,7 +326,7 @@ def direct_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray
 
 @register(
     "direct", "backward_data", supports=_supports, workspace_bytes=_workspace, accuracy=2,
-    numpy_math=False,
+    numpy_math=False, prepare=backward_data_plan,
 )
 def direct_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
     plan = backward_data_plan(problem)
@@ -348,7 +348,7 @@ def direct_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.n
 
 @register(
     "direct", "backward_weight", supports=_supports, workspace_bytes=_workspace, accuracy=2,
-    numpy_math=False,
+    numpy_math=False, prepare=backward_weight_plan,
 )
 def direct_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
     plan = backward_weight_plan(problem)
