@@ -184,6 +184,35 @@ def test_depthwise_kernels_forward_and_backward_data(xs, k, args, dtype,
     assert_close(dx, ref, dtype)
 
 
+STREAMED = [("c16-3x3", "float32"), ("c48-stride21-dil12", "float32"),
+            ("c96-5x1-stride3-row", "float32"), ("c40-unpadded-w13", "float64"),
+            ("c17-stride2", "float32")]
+
+
+@pytest.mark.parametrize("depthwise_threads", [2], indirect=True)
+@pytest.mark.parametrize(("name", "dtype"), STREAMED, ids=[f"{n}-{d}" for n, d in STREAMED])
+def test_depthwise_streaming_stores_match_the_reference(name, dtype, depthwise_threads,
+                                                        monkeypatch) -> None:
+    """Every output large enough to stream (threshold 0): y is written with non-temporal
+    stores where C fills whole vectors (not for 17 channels), same results."""
+    from convengine.algorithms import depthwise
+
+    monkeypatch.setattr(depthwise, "STREAMING_BYTES", 0)
+    xs, k, args = next(c[1:] for c in DEPTHWISE if c[0] == name)
+    rng = np.random.default_rng(7)
+    x, w, kw = _depthwise_case(xs, k, args, dtype, rng)
+    problem = ce.explain(_nhwc(x), _nhwc(w), layout="NHWC", **kw).problem
+    assert depthwise.forward_plan(problem).streaming == (xs[1] * x.itemsize % 64 == 0)
+    y = ce.conv(x, w, algo="direct", **kw)
+    assert_close(y, ce.conv(x.astype(np.float64), w.astype(np.float64), algo="reference",
+                            **kw), dtype)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    dx = ce.conv_backward_data(dy, w, x.shape, algo="direct", **kw)
+    ref = ce.conv_backward_data(dy.astype(np.float64), w.astype(np.float64), x.shape,
+                                algo="reference", **kw)
+    assert_close(dx, ref, dtype)
+
+
 def test_depthwise_backward_data_uses_the_kernels_at_stride_1_only() -> None:
     from convengine.algorithms import depthwise
 
