@@ -19,6 +19,14 @@ that setting adds page faults to both sides' times, so take timings from a run
 without ``--memory``. The same method measures both sides; inputs exist before the
 call, the output is counted.
 
+Timing runs pin glibc's mmap threshold at 32 MiB (its dynamic maximum) and the trim
+threshold at 64 MiB, the state glibc reaches by itself once a large buffer has been
+freed. Without that, a fresh process maps every large buffer anew and page-faults
+it until some free raises the threshold: in a run of MobileNetV2 alone, PyTorch's
+12-14 MiB outputs of the first depthwise layers faulted 3,100-3,500 pages a call
+(3-5x slower) while ours, freed and reused, did not, and the ratios depended on
+which layers ran first.
+
     python bench/bench_fp32.py --suite resnet50,mobilenet_v2 --batch 8,1 --json out.json
 """
 
@@ -51,6 +59,7 @@ from convengine import suites  # noqa: E402
 
 PASSES = ("forward", "backward_data", "backward_weight")
 PAGE = 4096
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters
 
 
 def _torch():
@@ -187,8 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     ce.set_num_threads(a.threads)
     ce.set_tuning(a.tuning)
+    libc = ctypes.CDLL(None)
     if a.memory:  # M_MMAP_THRESHOLD fixed: big buffers mapped fresh (and page-faulted)
-        ctypes.CDLL(None).mallopt(-3, 64 * 1024)
+        libc.mallopt(M_MMAP_THRESHOLD, 64 * 1024)
+    else:  # glibc's steady state from the first call on (see the module docstring)
+        libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)
+        libc.mallopt(M_TRIM_THRESHOLD, 64 << 20)
     rng = np.random.default_rng(0)
     rows: list[dict[str, Any]] = []
     only = [s for s in a.only.split(",") if s]

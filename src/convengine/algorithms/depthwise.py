@@ -53,10 +53,12 @@ NVEC = 2  # vectors of channels per register block
 GRAIN = 16  # channel slices of a split start at multiples of this
 MAX_TAPS = 9
 # Outputs of at least this many bytes are written with non-temporal stores where every
-# vector of y starts a cache line: they bypass the caches and skip reading each line
-# before writing it. Measured (b8 MobileNetV2 depthwise, 2 threads): 1.12-1.4x faster
-# on the 9-14 MiB outputs, also followed by a 1x1 conv reading y back; mixed (0.92-1.19x)
-# on the 1.5-4.6 MiB ones, which the caches hold for the next reader.
+# vector of y starts a cache line, at width stride 1: they bypass the caches and skip
+# reading each line before writing it. Measured (b8 MobileNetV2 depthwise, 2 threads,
+# PyTorch's convs run in between): 1.3-1.45x faster on the 12-14 MiB stride-1 outputs,
+# also followed by a 1x1 conv reading y back; mixed (0.92-1.19x) on the 1.5-4.6 MiB
+# ones, which the caches hold for the next reader; 0.8-0.95x on the 9 MiB output of the
+# stride-2 layer, which reads four times as much x as it writes.
 STREAMING_BYTES = 8 << 20
 # Below this many multiply-adds the calling thread does it all: starting the parallel
 # region cost more than the second thread saved (b1 MobileNetV2 layers of 0.25-1.35M:
@@ -416,7 +418,7 @@ def _plan(problem: ConvProblem, x_size: tuple[int, ...], y_size: tuple[int, ...]
     x4 = (n, *_as2d(x_size, 1), c)
     y4 = (n, *_as2d(y_size, 1), c)
     itemsize = problem.compute_dtype.itemsize
-    streaming = (math.prod(y4) * itemsize >= STREAMING_BYTES
+    streaming = (math.prod(y4) * itemsize >= STREAMING_BYTES and sw == 1
                  and c * itemsize % VECTOR_BYTES == 0)
     parallel, serial = depthwise2d_kernel(kh_, kw_, sw, dh, dw, streaming)
     threads = get_num_threads()
