@@ -155,3 +155,23 @@ def test_environment_reads_follow_os_environ(monkeypatch):
     assert environment.get("CONVENGINE_INEXACT", "default") == "default"
     monkeypatch.setenv("CONVENGINE_CACHE_DIR", "/tmp/caf\u00e9")
     assert environment.get("CONVENGINE_CACHE_DIR", "") == "/tmp/caf\u00e9"
+
+
+def test_a_remembered_depthwise_call_holds_the_plan_for_its_thread_count():
+    """direct binds its depthwise plan to the remembered call; a new thread count makes
+    a new entry with the plan for it (serial at 1 thread, two row blocks at 2)."""
+    x = np.zeros((1, 56, 56, 144), np.float32)  # 4.1M multiply-adds: parallel at 2
+    w = np.zeros((144, 3, 3, 1), np.float32)
+    previous = ce.get_num_threads()
+    api._CALLS.clear()
+    try:
+        for threads, parts in ((1, (1, 1)), (2, (2, 1)), (1, (1, 1))):
+            ce.set_num_threads(threads)
+            ce.conv(x, w, padding=1, groups=144, layout="NHWC")
+            (entry,) = api._CALLS.values()
+            problem, chosen, bound = entry[1:]
+            assert chosen.name == "direct"
+            assert bound.args[3:] == parts
+            assert bound(x, w).shape == problem.y_shape("NHWC")
+    finally:
+        ce.set_num_threads(previous)

@@ -55,7 +55,7 @@ MAX_TAPS = 9
 # Outputs of at least this many bytes are written with non-temporal stores where every
 # vector of y starts a cache line, at width stride 1: they bypass the caches and skip
 # reading each line before writing it. Measured (b8 MobileNetV2 depthwise, 2 threads,
-# PyTorch's convs run in between): 1.3-1.45x faster on the 12-14 MiB stride-1 outputs,
+# PyTorch's convs run in between): 1.3-1.5x faster on the 12-14 MiB stride-1 outputs,
 # also followed by a 1x1 conv reading y back; mixed (0.92-1.19x) on the 1.5-4.6 MiB
 # ones, which the caches hold for the next reader; 0.8-0.95x on the 9 MiB output of the
 # stride-2 layer, which reads four times as much x as it writes.
