@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -28,7 +29,12 @@ from .problem import PASSES, ConvProblem
 
 Supports = Callable[[ConvProblem], "str | None"]
 Run = Callable[[ConvProblem, np.ndarray, np.ndarray], np.ndarray]
-Bound = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+class Bound(Protocol):
+    """An algorithm bound to one problem: ``fn(a, b)`` does ``run(problem, a, b)``."""
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, /) -> np.ndarray: ...
 
 
 def no_workspace(problem: ConvProblem) -> int:

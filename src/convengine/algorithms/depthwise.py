@@ -252,12 +252,12 @@ def _cache_line_aligned(n, h, w, c, like):
     return raw[start:start + total].reshape((n, h, w, c))
 
 
-_KERNELS: dict[tuple[int, ...], tuple[Callable[..., None], Callable[..., None]]] = {}
+_KERNELS: dict[tuple[int, ...], tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]] = {}
 
 
 def depthwise2d_kernel(  # noqa: PLR0913
     kh_: int, kw_: int, sw_: int, dh_: int, dw_: int, streaming: bool = False
-) -> tuple[Callable[..., None], Callable[..., None]]:
+) -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
     """The kernels (parallel, serial) for one (KH, KW) kernel shape, width stride and
     dilations: ``kernel(x (N,H,W,C), w (C, KH*KW), flip, OH, OW, sh, ph, pw,
     row_parts, channel_parts) -> y (N,OH,OW,C)``; ``flip`` reverses the taps. The
@@ -366,7 +366,7 @@ def _split(rows: int, channels: int, threads: int) -> tuple[int, int]:
 class Plan(NamedTuple):
     """A depthwise 2-D (or 1-D) conv, ready to run: ``plan(x, w) -> y``."""
 
-    kernel: Callable[..., None]
+    kernel: Callable[..., np.ndarray]
     key: tuple[int, ...]  # KH, KW, width stride, width dilation
     x4: tuple[int, ...]  # x seen as (N, H, W, C)
     y_shape: tuple[int, ...]  # y as returned, channels-last
