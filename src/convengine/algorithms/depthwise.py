@@ -19,9 +19,10 @@ zero-padded copies of their input rows. The work is one task per
 thread, a block of output rows (a slice of channels when there are fewer rows than
 threads), or all on the calling thread below SERIAL_MACS multiply-adds.
 
-y starts on a 64-byte cache line; outputs of STREAMING_BYTES or more whose channels
-fill whole vectors are written with non-temporal stores (no read of each line before
-it is written, no eviction of x from the caches).
+y starts on a 64-byte cache line; outputs of STREAMING_BYTES or more at width stride
+1 whose channels fill whole vectors are written with non-temporal stores (no read of
+each line before it is written, no eviction of x from the caches), through kernels
+generated for that too.
 """
 
 from __future__ import annotations
@@ -242,13 +243,14 @@ def _store_fence(typingctx):
 
 @njit(nogil=True)
 def _cache_line_aligned(n, h, w, c, like):
-    """An uninitialised (n, h, w, c) array of like's dtype starting on a 64-byte cache
-    line (numpy's own start 16 bytes into one: 64-byte vector stores then straddle
-    two lines, measured 3-5% slower on the MobileNetV2 depthwise layers)."""
+    """An uninitialised (n, h, w, c) array of like's dtype starting on a VECTOR_BYTES
+    boundary, one 64-byte cache line (numpy's own start 16 bytes into one: vector
+    stores then straddle two lines, measured 3-5% slower on the MobileNetV2 depthwise
+    layers; the streaming stores need the alignment)."""
     total = n * h * w * c
-    per_line = 64 // like.itemsize
-    raw = np.empty(total + per_line, like.dtype)
-    start = (-raw.ctypes.data % 64) // like.itemsize
+    per_vector = VECTOR_BYTES // like.itemsize
+    raw = np.empty(total + per_vector, like.dtype)
+    start = (-raw.ctypes.data % VECTOR_BYTES) // like.itemsize
     return raw[start:start + total].reshape((n, h, w, c))
 
 
