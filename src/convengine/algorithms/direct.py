@@ -15,9 +15,10 @@ Two loop nests, by the innermost contiguous axis:
 - channel-wise (``C // g == 1``: depthwise, any channel multiplier): vectorised over
   the channels themselves.
 
-1-D and 2-D depthwise problems with one output channel per input channel (forward,
-and backward-data at stride 1) go to the generated kernels of ``depthwise.py``, their
-backward-weight to those of ``depthwise_weight.py``.
+1-D and 2-D depthwise problems with one output channel per input channel go to the
+generated kernels of ``depthwise.py`` (forward, and backward-data at stride 1), the
+gathering kernel of ``depthwise_data.py`` (backward-data at larger strides) and the
+generated kernels of ``depthwise_weight.py`` (backward-weight).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from numba import njit, prange
 
 from ..problem import ConvProblem
 from ..registry import register
-from .depthwise import NOALIAS, backward_data_plan, forward_plan
+from . import depthwise, depthwise_data
+from .depthwise import NOALIAS, forward_plan
 from .depthwise_weight import backward_weight_plan
 
 __all__ = ["NOALIAS"]  # re-exported for the other generated kernels
@@ -281,6 +283,13 @@ def direct_bwd_weight_channel(x, dy, part, sd, sh, sw, pd, ph, pw, dd, dh, dw): 
 # --------------------------------------------------------------------------- entries
 
 
+def backward_data_plan(problem: ConvProblem) -> depthwise.Plan | depthwise_data.Plan | None:
+    """A depthwise backward-data plan: at stride 1 the forward kernels with the taps
+    reversed, else (or where those do not serve) the gathering kernel; None if
+    neither serves."""
+    return depthwise.backward_data_plan(problem) or depthwise_data.backward_data_plan(problem)
+
+
 def _slices(problem: ConvProblem) -> int:
     """How many partial dw buffers backward-weight uses: one per thread (>= 1)."""
     from numba import get_num_threads
@@ -290,7 +299,7 @@ def _slices(problem: ConvProblem) -> int:
 
 
 def _workspace(problem: ConvProblem) -> int:
-    plan = None
+    plan: depthwise.Plan | depthwise_data.Plan | None = None
     if problem.pass_ == "forward":
         plan = forward_plan(problem)
     elif problem.pass_ == "backward_data":
