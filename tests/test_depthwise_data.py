@@ -28,6 +28,7 @@ CASES = [
     ("1x3-s2", (3, 5, 9, 16), (1, 3), dict(stride=2, padding=(0, 1)), "float64", 2),
     ("pad-beyond-reach-s2", (1, 2, 3, 144), (3, 3), dict(stride=2, padding=3), "float32", 2),
     ("stride-1-pad-beyond-extent", (2, 4, 5, 8), (3, 3), dict(padding=3), "float32", 2),
+    ("1d-k31-stride-1", (2, 40, 24), (31,), dict(padding=15), "float32", 2),
     ("tiny-1x1-image-s2", (1, 1, 1, 1), (3, 3), dict(stride=2, padding=1), "float32", 2),
     ("1d-k3-s2", (3, 20, 33), (3,), dict(stride=2, padding=1), "float32", 2),
     ("1d-k3-s2-pad-beyond-reach", (1, 6, 17), (3,), dict(stride=2, padding=((4, 2),)),
