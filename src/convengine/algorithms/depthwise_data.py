@@ -6,16 +6,19 @@ For dy ``(N, OH, OW, C)`` and w ``(C, KH, KW, 1)``, the result dx ``(N, H, W, C)
     dx[n, ih, iw, c] = sum dy[n, oh, ow, c] * w[c, i, j]
         over the taps with ih = oh*sh - ph + i*dh and iw = ow*sw - pw + j*dw
 
-(1-D problems are the KH = 1 case). At stride 1 ``depthwise.py`` serves this as a
-forward conv with the taps reversed; at larger strides a dx pixel is reached by only
-some taps, which depend on its row and column modulo the stride (3x3 stride 2: one,
-two or four of the nine). So each dx pixel gathers: the taps reaching each column
-(and the dy column each reads) are listed once per call, those reaching a row once
-per row, and the pixel sums its taps over all channels in vectorised loops, with no
-division or bounds check in the loops (the generic direct loops spend most of
-their time on the ``%`` and ``//`` deciding whether a tap reaches a pixel). The
-work is one task per thread, a block of dx rows, or all on the calling thread below
-SERIAL_MACS multiply-adds.
+(1-D problems are the KH = 1 case). At stride 1, with at most 9 taps, ``depthwise.py``
+serves this as a forward conv with the taps reversed; the other problems come here.
+At larger strides a dx pixel is reached by only some taps, which depend on its row
+and column modulo the stride (3x3 stride 2: one, two or four of the nine). So each
+dx pixel gathers: the taps reaching each column (and the dy column each reads) are
+listed once per call, those reaching each row likewise, and the pixel writes its
+first tap's product and adds the others, over all channels in vectorised loops with
+no division or bounds check in them (the generic direct loops spend most of their
+time on the ``%`` and ``//`` deciding whether a tap reaches a pixel); a pixel no tap
+reaches is zeroed. The work is one task per thread, a block of dx rows, or all on
+the calling thread below SERIAL_MACS multiply-adds. The helpers are cached on disk;
+the kernels calling ``depthwise._cache_line_aligned`` are not (numba would not see a
+change there).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from ..threads import get_num_threads
 from .depthwise import NOALIAS, SERIAL_MACS, _as2d, _cache_line_aligned
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def _reaching(size, out_size, taps, stride, pad, dilation):
     """For each of ``size`` dx coordinates, the taps that reach it along one axis:
     ``count[p]`` of them, tap ``index[p, k]`` reading dy coordinate ``source[p, k]``."""
@@ -50,7 +53,7 @@ def _reaching(size, out_size, taps, stride, pad, dilation):
     return count, index, source
 
 
-@njit(**NOALIAS)
+@njit(cache=True, **NOALIAS)
 def _task(dy, wk, dx, r0, r1, rows, cols):  # noqa: PLR0913
     """dx (N,H,W,C) rows r0:r1 (over n and ih), all channels, from dy (N,OH,OW,C) and
     wk (KH,KW,C); rows and cols the ``_reaching`` lists of each axis."""
