@@ -16,9 +16,10 @@ first tap's product and adds the others, over all channels in vectorised loops w
 no division or bounds check in them (the generic direct loops spend most of their
 time on the ``%`` and ``//`` deciding whether a tap reaches a pixel); a pixel no tap
 reaches is zeroed. The work is one task per thread, a block of dx rows, or all on
-the calling thread below SERIAL_MACS multiply-adds. The helpers are cached on disk;
-the kernels calling ``depthwise._cache_line_aligned`` are not (numba would not see a
-change there).
+the calling thread below SERIAL_MACS multiply-adds. dx is a view of a numpy buffer
+(``depthwise.output_buffer``: huge pages) starting on a cache line. The helpers are
+cached on disk; the kernels calling ``depthwise._cache_line_aligned`` are not (numba
+would not see a change there).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from numba import njit, prange
 
 from ..problem import ConvProblem
 from ..threads import get_num_threads
-from .depthwise import NOALIAS, SERIAL_MACS, _as2d, _cache_line_aligned
+from .depthwise import NOALIAS, SERIAL_MACS, _as2d, _cache_line_aligned, output_buffer
 
 
 @njit(nogil=True, cache=True)
@@ -89,12 +90,12 @@ def _task(dy, wk, dx, r0, r1, rows, cols):  # noqa: PLR0913
                     d[o + c] = 0
 
 
-def _kernel(dy, w, h_, w_, sh, sw, ph, pw, dh, dw, parts):  # noqa: PLR0913
-    """dy (N,OH,OW,C), w (C,KH,KW) -> dx (N,H,W,C), starting on a cache line; ``parts``
-    tasks of whole dx rows."""
+def _kernel(dy, w, h_, w_, sh, sw, ph, pw, dh, dw, parts, raw):  # noqa: PLR0913
+    """dy (N,OH,OW,C), w (C,KH,KW) -> dx (N,H,W,C), a view of ``raw`` (an
+    ``output_buffer``) starting on a cache line; ``parts`` tasks of whole dx rows."""
     n_, oh_, ow_, c_ = dy.shape
     kh_, kw_ = w.shape[1], w.shape[2]
-    dx = _cache_line_aligned(n_, h_, w_, c_, dy)
+    dx = _cache_line_aligned(raw, n_, h_, w_, c_)
     wk = np.empty((kh_, kw_, c_), dtype=dy.dtype)  # taps outermost, channels innermost
     for i in range(kh_):
         for j in range(kw_):
@@ -120,6 +121,7 @@ class Plan(NamedTuple):
     w3: tuple[int, ...]  # w seen as (C, KH, KW)
     x_shape: tuple[int, ...]  # dx as returned, channels-last
     args: tuple[int, ...]  # H, W, sh, sw, ph, pw, dh, dw, parts
+    size: int  # values in dx
 
     def workspace_bytes(self, itemsize: int) -> int:
         """The transposed weights, and each axis' list of the taps reaching it."""
@@ -131,7 +133,8 @@ class Plan(NamedTuple):
     def __call__(self, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
         """dy (N, *S_out, C), w (C, *K, 1), both C-contiguous -> dx (N, *S, C),
         starting on a cache line."""
-        dx = self.kernel(dy.reshape(self.dy4), w.reshape(self.w3), *self.args)
+        dx = self.kernel(dy.reshape(self.dy4), w.reshape(self.w3), *self.args,
+                         output_buffer(self.size, dy.dtype))
         return dx.reshape(self.x_shape)
 
 
@@ -163,7 +166,7 @@ def _backward_data_plan(problem: ConvProblem, threads: int) -> Plan | None:
     else:
         kernel, parts = _parallel, min(threads, rows)
     return Plan(kernel, dy4, (c, kh_, kw_), problem.x_shape("NHWC"),
-                (h_, w_, *geometry, parts))
+                (h_, w_, *geometry, parts), n * h_ * w_ * c)
 
 
 def backward_data_plan(problem: ConvProblem) -> Plan | None:
