@@ -106,3 +106,37 @@ def test_workspace_is_reported() -> None:
     plan = direct.backward_data_plan(problem)
     assert plan is not None
     assert explained.workspace_bytes["direct"] == plan.workspace_bytes(4) >= 9 * 32 * 4
+
+
+@pytest.mark.parametrize("pass_", ["forward", "backward_data_stride_1", "backward_data_stride_2"])
+def test_large_outputs_are_written_into_numpy_buffers(pass_, monkeypatch) -> None:
+    """Outputs of HUGE_PAGE_BYTES or more (threshold 0 here) are views of a buffer
+    numpy allocates (huge pages), still on a cache line, same results."""
+    given, allocate = [], depthwise.output_buffer
+
+    def spy(count, dtype):
+        given.append(allocate(count, dtype))
+        return given[-1]
+
+    monkeypatch.setattr(depthwise, "HUGE_PAGE_BYTES", 0)
+    for module in (depthwise_data, depthwise):
+        monkeypatch.setattr(module, "output_buffer", spy, raising=True)
+    rng = np.random.default_rng(3)
+    stride = 2 if pass_.endswith("2") else 1
+    xs, args = (2, 9, 10, 48), dict(stride=stride, padding=1, groups=48, layout="NHWC")
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal((48, 3, 3, 1)).astype(np.float32)
+    if pass_ == "forward":
+        out = ce.conv(x, w, algo="direct", **args)
+        ref = ce.conv(x.astype(np.float64), w.astype(np.float64), algo="reference", **args)
+    else:
+        dy = rng.standard_normal(_problem(xs, (3, 3), dict(stride=stride, padding=1))
+                                 .y_shape("NHWC")).astype(np.float32)
+        out = ce.conv_backward_data(dy, w, xs, algo="direct", **args)
+        ref = ce.conv_backward_data(dy.astype(np.float64), w.astype(np.float64), xs,
+                                    algo="reference", **args)
+    assert_close(out, ref, "float32")
+    assert out.ctypes.data % 64 == 0
+    raw = given[-1]
+    assert raw.size == out.size + 64
+    assert raw.ctypes.data <= out.ctypes.data < raw.ctypes.data + raw.nbytes

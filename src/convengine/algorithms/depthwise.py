@@ -19,8 +19,8 @@ zero-padded copies of their input rows. The work is one task per
 thread, a block of output rows (a slice of channels when there are fewer rows than
 threads), or all on the calling thread below SERIAL_MACS multiply-adds.
 
-y is a view of a buffer numpy allocates (so that large ones get huge pages), starting
-on a 64-byte cache line; outputs of STREAMING_BYTES or more at width stride
+y starts on a 64-byte cache line (outputs of 32 MiB and more in a buffer numpy
+allocates, with huge pages); outputs of STREAMING_BYTES or more at width stride
 1 whose channels fill whole vectors are written with non-temporal stores (no read of
 each line before it is written, no eviction of x from the caches), through kernels
 generated for that too.
@@ -62,6 +62,9 @@ MAX_TAPS = 9
 # ones, which the caches hold for the next reader; 0.8-0.95x on the 9 MiB output of the
 # stride-2 layer, which reads four times as much x as it writes.
 STREAMING_BYTES = 8 << 20
+# Outputs of at least this many bytes are allocated by numpy (see output_buffer): glibc's
+# largest mmap threshold, from which every call maps (and page-faults) a fresh buffer.
+HUGE_PAGE_BYTES = 32 << 20
 # Below this many multiply-adds the calling thread does it all: starting the parallel
 # region cost more than the second thread saved (b1 MobileNetV2 layers of 0.25-1.35M:
 # serial 1.3-2.3x faster, interleaved with PyTorch on a busy 2-core host).
@@ -244,21 +247,29 @@ def _store_fence(typingctx):
 
 @njit(nogil=True)
 def _cache_line_aligned(raw, n, h, w, c):
-    """An (n, h, w, c) view of ``raw`` (from :func:`output_buffer`) starting on a
-    VECTOR_BYTES boundary, one 64-byte cache line (numpy's own arrays start 16 bytes
-    into one: vector stores then straddle two lines, measured 3-5% slower on the
-    MobileNetV2 depthwise layers; the streaming stores need the alignment)."""
+    """An uninitialised (n, h, w, c) array starting on a VECTOR_BYTES boundary, one
+    64-byte cache line (numpy's own arrays start 16 bytes into one: vector stores then
+    straddle two lines, measured 3-5% slower on the MobileNetV2 depthwise layers; the
+    streaming stores need the alignment): a view of ``raw`` if it is long enough (an
+    :func:`output_buffer`), else of a buffer allocated here."""
+    total = n * h * w * c
+    if raw.shape[0] < total + VECTOR_BYTES:
+        raw = np.empty(total + VECTOR_BYTES, raw.dtype)
     start = (-raw.ctypes.data % VECTOR_BYTES) // raw.itemsize
-    return raw[start:start + n * h * w * c].reshape((n, h, w, c))
+    return raw[start:start + total].reshape((n, h, w, c))
 
 
 def output_buffer(count: int, dtype: np.dtype) -> np.ndarray:
-    """An uninitialised 1-D buffer holding ``count`` values from a cache line on (see
-    :func:`_cache_line_aligned`). numpy allocates it, not numba: numpy advises huge
-    pages for buffers of 4 MiB and more, and a fresh 38.5 MB output (which glibc maps
-    anew on every call) then took 722 page faults to fill instead of 9,409, 7.7 ms
-    instead of 16.5 single-threaded."""
-    return np.empty(count + VECTOR_BYTES, dtype)
+    """The ``raw`` buffer for :func:`_cache_line_aligned` to hold ``count`` values:
+    from numpy for outputs of HUGE_PAGE_BYTES or more, else empty (the kernel
+    allocates y). numpy advises huge pages for its buffers of 4 MiB and more; glibc maps
+    buffers of 32 MiB and more anew on every call, and a fresh 38.5 MB output then took
+    722 page faults to fill instead of 9,409 (7.7 ms instead of 16.5 single-threaded).
+    Below that glibc reuses its heap, and numpy's buffers measured 3-9% slower than
+    numba's on the batch-8 MobileNetV2 depthwise forward (12.8 and 3.6 MB outputs)."""
+    if count * dtype.itemsize >= HUGE_PAGE_BYTES:
+        return np.empty(count + VECTOR_BYTES, dtype)
+    return np.empty(0, dtype)
 
 
 _KERNELS: dict[tuple[int, ...], tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]] = {}
@@ -269,8 +280,8 @@ def depthwise2d_kernel(  # noqa: PLR0913
 ) -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
     """The kernels (parallel, serial) for one (KH, KW) kernel shape, width stride and
     dilations: ``kernel(x (N,H,W,C), w (C, KH*KW), flip, OH, OW, sh, ph, pw,
-    row_parts, channel_parts, raw) -> y (N,OH,OW,C)``, y a view of ``raw`` (an
-    :func:`output_buffer`); ``flip`` reverses the taps. The
+    row_parts, channel_parts, raw) -> y (N,OH,OW,C)``, in ``raw`` (an
+    :func:`output_buffer`) if that is long enough; ``flip`` reverses the taps. The
     serial one runs its tasks in turn on the calling thread. ``streaming``: full
     vectors of y are stored non-temporally (C must be a multiple of a vector)."""
     key = (kh_, kw_, sw_, dh_, dw_, streaming)

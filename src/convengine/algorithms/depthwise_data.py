@@ -16,10 +16,10 @@ first tap's product and adds the others, over all channels in vectorised loops w
 no division or bounds check in them (the generic direct loops spend most of their
 time on the ``%`` and ``//`` deciding whether a tap reaches a pixel); a pixel no tap
 reaches is zeroed. The work is one task per thread, a block of dx rows, or all on
-the calling thread below SERIAL_MACS multiply-adds. dx is a view of a numpy buffer
-(``depthwise.output_buffer``: huge pages) starting on a cache line. The helpers are
-cached on disk; the kernels calling ``depthwise._cache_line_aligned`` are not (numba
-would not see a change there).
+the calling thread below SERIAL_MACS multiply-adds. dx starts on a cache line (from
+32 MiB in a numpy buffer, with huge pages: ``depthwise.output_buffer``). The helpers
+are cached on disk; the kernels calling ``depthwise._cache_line_aligned`` are not
+(numba would not see a change there).
 """
 
 from __future__ import annotations
@@ -91,8 +91,9 @@ def _task(dy, wk, dx, r0, r1, rows, cols):  # noqa: PLR0913
 
 
 def _kernel(dy, w, h_, w_, sh, sw, ph, pw, dh, dw, parts, raw):  # noqa: PLR0913
-    """dy (N,OH,OW,C), w (C,KH,KW) -> dx (N,H,W,C), a view of ``raw`` (an
-    ``output_buffer``) starting on a cache line; ``parts`` tasks of whole dx rows."""
+    """dy (N,OH,OW,C), w (C,KH,KW) -> dx (N,H,W,C) starting on a cache line (in
+    ``raw``, an ``output_buffer``, if that is long enough); ``parts`` tasks of whole
+    dx rows."""
     n_, oh_, ow_, c_ = dy.shape
     kh_, kw_ = w.shape[1], w.shape[2]
     dx = _cache_line_aligned(raw, n_, h_, w_, c_)
