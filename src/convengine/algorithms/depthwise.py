@@ -419,17 +419,21 @@ class Plan(NamedTuple):
         return y.reshape(self.y_shape)
 
 
-def _served(problem: ConvProblem) -> bool:
-    """1-D or 2-D, one output channel per input channel, at most MAX_TAPS taps
-    (compile time grows with the unrolled taps), not empty."""
+def one_per_channel(problem: ConvProblem) -> bool:
+    """1-D or 2-D, one output channel per input channel, not empty."""
     return (
         problem.ndim <= 2
         and problem.in_per_group == 1
         and problem.out_per_group == 1
-        and math.prod(problem.kernel) <= MAX_TAPS
         and problem.in_channels > 0
         and math.prod(problem.out_size) > 0
     )
+
+
+def _served(problem: ConvProblem) -> bool:
+    """:func:`one_per_channel`, with at most MAX_TAPS taps (compile time grows with
+    the unrolled taps)."""
+    return one_per_channel(problem) and math.prod(problem.kernel) <= MAX_TAPS
 
 
 def _as2d(values: tuple[int, ...], lead: int) -> tuple[int, int]:

@@ -34,7 +34,14 @@ from numba import njit, prange
 
 from ..problem import ConvProblem
 from ..threads import get_num_threads
-from .depthwise import NOALIAS, SERIAL_MACS, _as2d, _cache_line_aligned, output_buffer
+from .depthwise import (
+    NOALIAS,
+    SERIAL_MACS,
+    _as2d,
+    _cache_line_aligned,
+    one_per_channel,
+    output_buffer,
+)
 
 
 @njit(nogil=True, cache=True)
@@ -139,21 +146,9 @@ class Plan(NamedTuple):
         return dx.reshape(self.x_shape)
 
 
-def _served(problem: ConvProblem) -> bool:
-    """1-D or 2-D, one output channel per input channel, not empty (any kernel size:
-    nothing is unrolled per tap)."""
-    return (
-        problem.ndim <= 2
-        and problem.in_per_group == 1
-        and problem.out_per_group == 1
-        and problem.in_channels > 0
-        and math.prod(problem.out_size) > 0
-    )
-
-
 @functools.lru_cache(maxsize=256)
 def _backward_data_plan(problem: ConvProblem, threads: int) -> Plan | None:
-    if not _served(problem):
+    if not one_per_channel(problem):  # any kernel size: nothing is unrolled per tap
         return None
     n, c = problem.batch, problem.in_channels
     kh_, kw_ = _as2d(problem.kernel, 1)
