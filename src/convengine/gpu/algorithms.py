@@ -1,0 +1,188 @@
+"""The GPU algorithms per pass, with ``supports()`` reasons and workspace, and their
+launches on canonical torch tensors (activations ``(N, D, H, W, C)``, weights
+``(O, KD, KH, KW, C // g)``, contiguous, on the device).
+
+``gpu_implicit_gemm`` (tensor cores, groups == 1) and ``gpu_direct`` (any groups,
+FMA loops) serve forward, backward-data and backward-weight; block sizes come from
+:mod:`.tuning` (``triton.autotune`` on a GPU, one fixed small configuration under
+``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+
+from ..problem import ConvProblem
+from . import kernels, tuning
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+ACTIVATIONS = {None: 0, "relu": 1, "silu": 2, "gelu": 3}
+
+
+@dataclass(frozen=True)
+class GpuAlgorithm:
+    """One GPU algorithm for one pass: ``supports(problem) -> None | reason``,
+    ``run(problem, a, b, bias, activation) -> result`` on canonical tensors."""
+
+    name: str
+    pass_: str
+    supports: Callable[[ConvProblem], str | None]
+    run: Callable[..., torch.Tensor]
+    workspace_bytes: Callable[[ConvProblem], int] = lambda problem: 0
+
+
+def _float_only(problem: ConvProblem) -> str | None:
+    if problem.dtype not in FLOAT_DTYPES:
+        return f"dtype {problem.dtype} (GPU float paths take {', '.join(FLOAT_DTYPES)})"
+    return None
+
+
+def _gemm_supports(problem: ConvProblem) -> str | None:
+    if problem.groups != 1:
+        return f"groups={problem.groups} (the implicit GEMM takes groups == 1; gpu_direct serves groups)"
+    return _float_only(problem)
+
+
+def three(values: tuple[int, ...], fill: int) -> list[int]:
+    """1-D/2-D geometry padded to 3-D with unit dims in front."""
+    return [fill] * (3 - len(values)) + list(values)
+
+
+def geometry(problem: ConvProblem, backward_data: bool) -> list[int]:
+    """``S, P, DL, V`` per dim (12 ints) of the kernels' coordinate rule."""
+    stride, dil = three(problem.stride, 1), three(problem.dilation, 1)
+    pads = three(tuple(lo for lo, _ in problem.padding), 0)
+    if backward_data:
+        return [1, 1, 1, *pads, *(-d for d in dil), *stride]
+    return [*stride, *(-p for p in pads), *dil, 1, 1, 1]
+
+
+def activation_code(activation: str | None) -> int:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
+    return ACTIVATIONS[activation]
+
+
+def _tf32() -> bool:
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def launch_conv(problem: ConvProblem, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
+                *, backward_data: bool, direct: bool, bias: torch.Tensor | None = None,
+                act: int = 0, epi: int = 0, quant: tuple[Any, ...] | None = None) -> None:
+    """Forward (``a`` = x, ``out`` = y) or backward-data (``a`` = dy, ``out`` = dx) on
+    canonical tensors, by the implicit GEMM or the direct kernel. ``quant``: the int8
+    epilogue's ``(mult, zero-point pairs or per-q zero points, a_zp, out_zp, lo, hi)``."""
+    n_, ad, ah, aw, ca = a.shape
+    _, pd, ph, pw, q = out.shape
+    o, kd, kh, kw, cg = w.shape
+    taps = kd * kh * kw
+    g = problem.groups
+    m = n_ * pd * ph * pw
+    if m == 0 or q == 0:
+        return
+    geo = geometry(problem, backward_data)
+    bias_t = out if bias is None else bias
+    mult, zps, a_zp, out_zp, lo, hi = quant if quant is not None else (out, out, 0, 0.0, 0.0, 0.0)
+    common = dict(HAS_BIAS=bias is not None, ACT=act, EPI=epi)
+    fused = {} if tuning.INTERPRET else {"enable_fp_fusion": False}
+    if not direct:
+        r = ca
+        # forward: B[r=c, q=o] = w[o, tap, c]; backward-data: B[r=o, q=c]
+        sb_q, sb_r = (taps * cg, 1) if not backward_data else (1, taps * cg)
+        kern = tuning.igemm(m, q, r * taps, epi != 0)
+        kern(a, w, out, bias_t, mult, zps, m, q, r, ad, ah, aw, pd, ph, pw, kd, kh, kw, *geo,
+             sb_q, sb_r, cg, a_zp, out_zp, lo, hi, TF32=_tf32(), **common, **fused)
+        return
+    if not backward_data:  # y[q=o] sums c = g * cg + r, w[o, tap, r]
+        r, qg, sb_q, sb_g, sb_r = cg, o // g, taps * cg, 0, 1
+    else:  # dx[q=c] sums o = g * og + r, w[o, tap, c - g * cg]
+        og = o // g
+        r, qg, sb_q, sb_g, sb_r = og, cg, 1, og * taps * cg - cg, taps * cg
+    bm, bn = tuning.direct_blocks(q)
+    grid = (triton.cdiv(m, bm), triton.cdiv(q, bn))
+    kernels.direct_kernel[grid](
+        a, w, out, bias_t, mult, zps, m, q, r, qg, ca, ad, ah, aw, pd, ph, pw, kd, kh, kw,
+        *geo, sb_q, sb_g, sb_r, cg, a_zp, out_zp, lo, hi, BLOCK_M=bm, BLOCK_N=bn,
+        **common, **fused)
+
+
+def launch_wgrad(problem: ConvProblem, x: torch.Tensor, dy: torch.Tensor, dw: torch.Tensor,
+                 *, direct: bool) -> None:
+    """dw ``(O, KD, KH, KW, C // g)`` from canonical x and dy."""
+    n_, xd, xh, xw, c = x.shape
+    _, pd, ph, pw, o = dy.shape
+    _, kd, kh, kw, cg = dw.shape
+    p = n_ * pd * ph * pw
+    geo = geometry(problem, False)[:9]
+    if p == 0:
+        dw.zero_()
+        return
+    if not direct:
+        bm, bn, bk = tuning.wgrad_blocks(o, c)
+        grid = (triton.cdiv(o, bm), triton.cdiv(c, bn), kd * kh * kw)
+        kernels.wgrad_kernel[grid](x, dy, dw, p, o, c, xd, xh, xw, pd, ph, pw, kh, kw, *geo,
+                                   TF32=_tf32(), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+        return
+    bp, bn = tuning.wgrad_direct_blocks(o * cg)
+    taps = kd * kh * kw
+    grid = (triton.cdiv(o * cg, bn), taps)
+    kernels.wgrad_direct_kernel[grid](x, dy, dw, p, o, o // problem.groups, cg, c, taps,
+                                      xd, xh, xw, pd, ph, pw, kh, kw, *geo,
+                                      BLOCK_P=bp, BLOCK_N=bn)
+
+
+def _run_forward(direct: bool) -> Callable[..., torch.Tensor]:
+    def run(problem: ConvProblem, x: torch.Tensor, w: torch.Tensor,
+            bias: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
+        n_, *_ = x.shape
+        y = x.new_empty((n_, *three(problem.out_size, 1), problem.out_channels))
+        launch_conv(problem, x, w, y, backward_data=False, direct=direct, bias=bias, act=act)
+        return y
+    return run
+
+
+def _run_backward_data(direct: bool) -> Callable[..., torch.Tensor]:
+    def run(problem: ConvProblem, dy: torch.Tensor, w: torch.Tensor,
+            bias: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
+        dx = dy.new_empty((problem.batch, *three(problem.in_size, 1), problem.in_channels))
+        launch_conv(problem, dy, w, dx, backward_data=True, direct=direct, bias=bias, act=act)
+        return dx
+    return run
+
+
+def _run_backward_weight(direct: bool) -> Callable[..., torch.Tensor]:
+    def run(problem: ConvProblem, x: torch.Tensor, dy: torch.Tensor,
+            bias: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
+        shape = (problem.out_channels, *three(problem.kernel, 1), problem.in_per_group)
+        # fp16/bf16 partial sums stay fp32 inside; the result is stored in x's dtype
+        dw = x.new_empty(shape)
+        launch_wgrad(problem, x, dy, dw, direct=direct)
+        return dw
+    return run
+
+
+ALGORITHMS: dict[str, dict[str, GpuAlgorithm]] = {
+    "forward": {
+        "gpu_implicit_gemm": GpuAlgorithm("gpu_implicit_gemm", "forward", _gemm_supports,
+                                          _run_forward(False)),
+        "gpu_direct": GpuAlgorithm("gpu_direct", "forward", _float_only, _run_forward(True)),
+    },
+    "backward_data": {
+        "gpu_implicit_gemm": GpuAlgorithm("gpu_implicit_gemm", "backward_data", _gemm_supports,
+                                          _run_backward_data(False)),
+        "gpu_direct": GpuAlgorithm("gpu_direct", "backward_data", _float_only,
+                                   _run_backward_data(True)),
+    },
+    "backward_weight": {
+        "gpu_implicit_gemm": GpuAlgorithm("gpu_implicit_gemm", "backward_weight",
+                                          _gemm_supports, _run_backward_weight(False)),
+        "gpu_direct": GpuAlgorithm("gpu_direct", "backward_weight", _float_only,
+                                   _run_backward_weight(True)),
+    },
+}

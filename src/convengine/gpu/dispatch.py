@@ -1,0 +1,181 @@
+"""The public calls on device tensors: validate with the CPU API's problem builders,
+pick a GPU algorithm, convert the operands once to canonical channels-last on the
+device, run, and return a tensor on the same device in the caller's layout (NCHW
+results are channels-last strided views, as torch's ``channels_last``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from .. import api
+from ..errors import ConvSetupError
+from ..problem import ConvProblem
+from . import NAMES, tuning
+from .algorithms import ALGORITHMS, GpuAlgorithm, activation_code, three
+
+NUMPY_DTYPES: dict[torch.dtype, Any] = {
+    torch.float32: np.float32, torch.float16: np.float16, torch.float64: np.float64,
+    torch.bfloat16: ml_dtypes.bfloat16, torch.uint8: np.uint8, torch.int8: np.int8,
+    torch.int32: np.int32,
+}
+
+
+class Meta(NamedTuple):
+    """What the CPU problem builders read of an operand: shape, ndim, numpy dtype."""
+
+    shape: tuple[int, ...]
+    ndim: int
+    dtype: np.dtype
+
+
+def as_tensor(a: Any, name: str) -> torch.Tensor:
+    """A torch tensor for ``a`` (DLPack arrays come in without a copy)."""
+    if isinstance(a, torch.Tensor):
+        return a
+    if hasattr(a, "__dlpack__"):
+        return torch.from_dlpack(a)
+    raise TypeError(f"{name} must be a torch tensor or a DLPack array on the GPU, got "
+                    f"{type(a).__name__}")
+
+
+def meta(t: torch.Tensor) -> Meta:
+    dtype = NUMPY_DTYPES.get(t.dtype)
+    if dtype is None:
+        raise ConvSetupError(f"unsupported dtype {t.dtype}; expected float32, float16 or bfloat16")
+    return Meta(tuple(t.shape), t.dim(), np.dtype(dtype))
+
+
+def check_device(algo: str, **tensors: torch.Tensor) -> torch.device:
+    """The operands' common device: CUDA, or CPU under the interpreter with a GPU algo."""
+    devices = {t.device for t in tensors.values()}
+    if len(devices) != 1:
+        listing = ", ".join(f"{k} on {t.device}" for k, t in tensors.items())
+        raise ConvSetupError(f"operands must share one device, got {listing}")
+    device = devices.pop()
+    if device.type != "cuda" and not (tuning.INTERPRET and algo in NAMES):
+        raise ConvSetupError(
+            f"algo={algo!r} runs on CUDA tensors; got tensors on {device} (CPU tensors "
+            f"reach the GPU kernels only under TRITON_INTERPRET=1)"
+        )
+    return device
+
+
+def choose(problem: ConvProblem, algo: str) -> GpuAlgorithm:
+    """``algo`` if it can serve ``problem`` (else ConvSetupError with its reason); for
+    ``auto`` the implicit GEMM, then the direct kernel."""
+    table = ALGORITHMS[problem.pass_]
+    if algo == "auto":
+        for candidate in table.values():
+            if candidate.supports(problem) is None:
+                return candidate
+        reasons = "; ".join(f"{n}: {a.supports(problem)}" for n, a in table.items())
+        raise ConvSetupError(f"no GPU algorithm serves {problem.describe()} ({reasons})")
+    if algo not in table:
+        raise ConvSetupError(
+            f"algo {algo!r} is not a GPU algorithm; CUDA operands take 'auto' or one of {NAMES}"
+        )
+    why = table[algo].supports(problem)
+    if why is not None:
+        raise ConvSetupError(f"algo {algo!r} cannot serve {problem.describe()}: {why}")
+    return table[algo]
+
+
+def canonical(t: torch.Tensor, layout: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """(N|O, C, *S) or (N|O, *S, C) -> contiguous (N|O, D, H, W, C), unit dims in front."""
+    if layout == "NCHW":
+        t = t.movedim(1, -1)
+    t = t.reshape(t.shape[0], *(1,) * (5 - t.dim()), *t.shape[1:])
+    return t.contiguous() if dtype is None else t.to(dtype).contiguous()
+
+
+def restore(t: torch.Tensor, shape_nhwc: tuple[int, ...], layout: str) -> torch.Tensor:
+    """Canonical 5-D result -> the caller's layout (NCHW as a channels-last view)."""
+    t = t.reshape(shape_nhwc)
+    return t.movedim(-1, 1) if layout == "NCHW" else t
+
+
+def _bias(bias: Any, channels: int, device: torch.device) -> torch.Tensor | None:
+    if bias is None:
+        return None
+    b = as_tensor(bias, "bias")
+    if tuple(b.shape) != (channels,):
+        raise ConvSetupError(f"bias has shape {tuple(b.shape)}, expected ({channels},) "
+                             f"(one value per output channel)")
+    return b.to(device=device, dtype=torch.float32).contiguous()
+
+
+def conv(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
+         dilation: Any = 1, groups: int = 1, layout: str = "NCHW", algo: str = "auto",
+         activation: str | None = None) -> torch.Tensor:
+    """:func:`convengine.conv` on device tensors; ``activation`` (None, "relu", "silu",
+    "gelu") is applied in the kernel's epilogue after the bias."""
+    xt, wt = as_tensor(x, "x"), as_tensor(w, "w")
+    device = check_device(algo, x=xt, w=wt)
+    problem = api.forward_problem(meta(xt), meta(wt), bias, stride=stride, padding=padding,
+                                  dilation=dilation, groups=groups, layout=layout)
+    chosen = choose(problem, algo)
+    b = _bias(bias, problem.out_channels, device)
+    y = chosen.run(problem, canonical(xt, problem.layout), canonical(wt, problem.layout), b,
+                   activation_code(activation))
+    return restore(y, problem.y_shape("NHWC"), problem.layout)
+
+
+def conv_backward_data(dy: Any, w: Any, input_shape: Sequence[int], *, stride: Any = 1,
+                       padding: Any = 0, dilation: Any = 1, groups: int = 1,
+                       layout: str = "NCHW", algo: str = "auto") -> torch.Tensor:
+    """:func:`convengine.conv_backward_data` on device tensors."""
+    dyt, wt = as_tensor(dy, "dy"), as_tensor(w, "w")
+    check_device(algo, dy=dyt, w=wt)
+    problem = api.backward_data_problem(meta(dyt), meta(wt), input_shape, stride=stride,
+                                        padding=padding, dilation=dilation, groups=groups,
+                                        layout=layout)
+    chosen = choose(problem, algo)
+    dx = chosen.run(problem, canonical(dyt, problem.layout), canonical(wt, problem.layout))
+    return restore(dx, problem.x_shape("NHWC"), problem.layout)
+
+
+def conv_backward_weight(x: Any, dy: Any, weight_shape: Sequence[int], *, stride: Any = 1,
+                         padding: Any = 0, dilation: Any = 1, groups: int = 1,
+                         layout: str = "NCHW", algo: str = "auto") -> torch.Tensor:
+    """:func:`convengine.conv_backward_weight` on device tensors."""
+    xt, dyt = as_tensor(x, "x"), as_tensor(dy, "dy")
+    check_device(algo, x=xt, dy=dyt)
+    problem = api.backward_weight_problem(meta(xt), meta(dyt), weight_shape, stride=stride,
+                                          padding=padding, dilation=dilation, groups=groups,
+                                          layout=layout)
+    chosen = choose(problem, algo)
+    dw = chosen.run(problem, canonical(xt, problem.layout), canonical(dyt, problem.layout))
+    return restore(dw, problem.w_shape("NHWC"), problem.layout)
+
+
+def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
+                   output_padding: Any = 0, dilation: Any = 1, groups: int = 1,
+                   layout: str = "NCHW", algo: str = "auto",
+                   activation: str | None = None) -> torch.Tensor:
+    """:func:`convengine.conv_transpose` on device tensors: the backward-data kernels
+    with the bias and ``activation`` in their epilogue."""
+    xt, wt = as_tensor(x, "x"), as_tensor(w, "w")
+    device = check_device(algo, x=xt, w=wt)
+    problem = api.transpose_problem(meta(xt), meta(wt), bias, stride=stride, padding=padding,
+                                    output_padding=output_padding, dilation=dilation,
+                                    groups=groups, layout=layout)
+    chosen = choose(problem, algo)
+    a = canonical(xt, problem.layout)
+    want = (problem.batch, *three(problem.out_size, 1), problem.out_channels)
+    if tuple(a.shape) != want:  # x stands for a dy zero-extended at the end
+        extra = [t - n for n, t in zip(a.shape, want)]
+        a = torch.nn.functional.pad(a, [v for e in reversed(extra) for v in (0, e)])
+    b = _bias(bias, problem.in_channels, device)
+    y = chosen.run(problem, a, canonical(wt, problem.layout), b, activation_code(activation))
+    return restore(y, problem.x_shape("NHWC"), problem.layout)
+
+
+def explain_lines(problem: ConvProblem) -> list[tuple[str, str | None]]:
+    """(GPU algorithm, None or the reason it cannot serve ``problem``) per algorithm."""
+    return [(name, a.supports(problem)) for name, a in ALGORITHMS[problem.pass_].items()]

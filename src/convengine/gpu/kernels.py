@@ -1,0 +1,284 @@
+"""The Triton kernels: implicit GEMM (forward and backward-data, tensor cores via
+``tl.dot``), its backward-weight GEMM, and the direct kernels for groups/depthwise.
+
+Every operand is canonical: activations ``(N, D, H, W, C)``, weights
+``(O, KD, KH, KW, C // g)``, C-contiguous (1-D and 2-D problems carry unit dims in
+front). One coordinate rule serves forward and backward-data: for output position
+``p`` and tap ``k`` the activation index along a dim is ``t = p * S + P + k * DL``,
+read where ``t % V == 0`` and ``0 <= t // V < A`` (forward: ``S = stride``,
+``P = -pad``, ``DL = dilation``, ``V = 1``; backward-data: ``S = 1``, ``P = pad``,
+``DL = -dilation``, ``V = stride``).
+
+Epilogues (``EPI``): 0 float (bias, activation ``ACT``: 0 none, 1 relu, 2 silu, 3 gelu),
+1 int8 requantization in float32 (PyTorch), 2 in float64 with an int32 bias (ONNX),
+3 the raw int32 accumulator plus an int32 bias (ConvInteger). The float steps are those
+of :mod:`convengine.quant.numerics`; launches pass ``enable_fp_fusion=False`` so that
+no multiply and add fuse into an FMA, and rounding is half to even by the 1.5 * 2^mantissa
+trick (exact on the clamped range).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+RINT32 = 12582912.0  # 1.5 * 2**23: (v + RINT32) - RINT32 rounds |v| < 2**22 half to even
+RINT64 = 6755399441055744.0  # 1.5 * 2**52
+
+
+@triton.jit
+def _coord(p, k, S, P, DL, V, A):
+    """Activation index along one dim and whether it is read (see the module docstring)."""
+    t = p * S + P + k * DL
+    ok = (t >= 0) & (t % V == 0)
+    i = t // V
+    return i, ok & (i < A)
+
+
+@triton.jit
+def _epilogue(acc, rq, rm, rq_mask, bias_ptr, mult_ptr, y_ptr, Q, M, out_zp, lo, hi,
+              HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EPI: tl.constexpr):
+    """Finish an accumulator tile ``acc [BM, BQ]`` (rows ``rm``, channels ``rq``) into y."""
+    if EPI == 0:
+        if HAS_BIAS:
+            acc = acc + tl.load(bias_ptr + rq, mask=rq_mask, other=0.0).to(tl.float32)[None, :]
+        if ACT == 1:
+            acc = tl.maximum(acc, 0.0)
+        elif ACT == 2:
+            acc = acc * tl.sigmoid(acc)
+        elif ACT == 3:
+            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+        out = acc
+    elif EPI == 1:
+        bias = tl.load(bias_ptr + rq, mask=rq_mask, other=0.0)
+        mult = tl.load(mult_ptr + rq, mask=rq_mask, other=0.0)
+        v = (acc.to(tl.float32) + bias[None, :]) * mult[None, :]
+        v = tl.minimum(tl.maximum(v, -4194304.0), 4194304.0)  # outside, any value clamps
+        v = (v + RINT32) - RINT32
+        v = v + out_zp
+        out = tl.minimum(tl.maximum(v, lo), hi)
+    elif EPI == 2:
+        bias = tl.load(bias_ptr + rq, mask=rq_mask, other=0)
+        mult = tl.load(mult_ptr + rq, mask=rq_mask, other=0.0).to(tl.float64)
+        v = (acc + bias[None, :]).to(tl.float64) * mult[None, :]
+        v = v + out_zp.to(tl.float64)
+        v = tl.minimum(tl.maximum(v, lo.to(tl.float64)), hi.to(tl.float64))
+        out = (v + RINT64) - RINT64
+    else:
+        out = acc + tl.load(bias_ptr + rq, mask=rq_mask, other=0)[None, :]
+    offs = rm.to(tl.int64)[:, None] * Q + rq[None, :]
+    tl.store(y_ptr + offs, out.to(y_ptr.dtype.element_ty),
+             mask=(rm < M)[:, None] & rq_mask[None, :])
+
+
+@triton.jit
+def igemm_kernel(
+    a_ptr, b_ptr, y_ptr, bias_ptr, mult_ptr, rsum_ptr,
+    M, Q, R, AD, AH, AW, PD, PH, PW, KD, KH, KW,
+    SD, SH, SW, PAD_D, PAD_H, PAD_W, DLD, DLH, DLW, VD, VH, VW,
+    sb_q, sb_r, sb_tap, a_zp, out_zp, lo, hi, M_BUCKET, Q_BUCKET, K_BUCKET,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EPI: tl.constexpr, TF32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """y ``[M, Q]`` = sum over taps and ``R`` channels of A (gathered) x B, groups == 1.
+
+    A ``(N, AD, AH, AW, R)``; B at ``q * sb_q + r * sb_r + tap * sb_tap``. Integer
+    problems (EPI >= 1) take int8 A and B with zero points folded: padded A reads as
+    ``a_zp``, and the kernel returns ``sum(a * b) - rsum[q] * sum(a) ...`` through
+    ``rsum_ptr`` (per-q ``[wzp, colsum]`` pairs, see :mod:`.quant`). ``*_BUCKET``
+    are unused by the body: the autotuner's key (GEMM sizes rounded up to powers of 2)."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(Q, BLOCK_N)
+    group = GROUP_M * num_n  # grouped ordering: neighbouring programs share B tiles
+    first_m = (pid // group) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % size_m
+    pid_n = (pid % group) // size_m
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < Q
+    pw = rm % PW
+    t = rm // PW
+    ph = t % PH
+    t = t // PH
+    pd = t % PD
+    n = t // PD
+    if EPI == 0:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        asum = tl.zeros((BLOCK_M,), dtype=tl.int32)
+        azp = (tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.int32) + a_zp).to(tl.int8)
+    for kd in range(KD):
+        i_d, ok_d = _coord(pd, kd, SD, PAD_D, DLD, VD, AD)
+        for kh in range(KH):
+            i_h, ok_h = _coord(ph, kh, SH, PAD_H, DLH, VH, AH)
+            for kw in range(KW):
+                i_w, ok_w = _coord(pw, kw, SW, PAD_W, DLW, VW, AW)
+                inside = m_ok & ok_d & ok_h & ok_w
+                row = (((n * AD + i_d) * AH + i_h) * AW + i_w).to(tl.int64) * R
+                tap = (kd * KH + kh) * KW + kw
+                b_base = b_ptr + tap * sb_tap + rn[None, :] * sb_q
+                for r0 in range(0, R, BLOCK_K):
+                    rr = r0 + rk
+                    r_ok = rr < R
+                    a = tl.load(a_ptr + row[:, None] + rr[None, :],
+                                mask=inside[:, None] & r_ok[None, :], other=0)
+                    b = tl.load(b_base + rr[:, None] * sb_r,
+                                mask=r_ok[:, None] & n_ok[None, :], other=0)
+                    if EPI == 0:
+                        if TF32:
+                            acc += tl.dot(a, b, input_precision="tf32")
+                        else:
+                            acc += tl.dot(a, b, input_precision="ieee")
+                    else:
+                        a = tl.where(~inside[:, None] & r_ok[None, :], azp, a)
+                        acc += tl.dot(a, b, out_dtype=tl.int32)
+                        asum += tl.sum(a.to(tl.int32), axis=1)
+    if EPI != 0:
+        # sum (a - azp)(b - bzp) = sum ab - bzp * sum a - azp * sum b + K * azp * bzp
+        bzp = tl.load(rsum_ptr + 2 * rn, mask=n_ok, other=0)
+        bsum = tl.load(rsum_ptr + 2 * rn + 1, mask=n_ok, other=0)
+        ktot = R * KD * KH * KW
+        acc = acc - asum[:, None] * bzp[None, :] - (a_zp * bsum - ktot * a_zp * bzp)[None, :]
+    _epilogue(acc, rn, rm, n_ok, bias_ptr, mult_ptr, y_ptr, Q, M, out_zp, lo, hi,
+              HAS_BIAS, ACT, EPI)
+
+
+@triton.jit
+def direct_kernel(
+    a_ptr, b_ptr, y_ptr, bias_ptr, mult_ptr, bzp_ptr,
+    M, Q, R, QG, CA, AD, AH, AW, PD, PH, PW, KD, KH, KW,
+    SD, SH, SW, PAD_D, PAD_H, PAD_W, DLD, DLH, DLW, VD, VH, VW,
+    sb_q, sb_g, sb_r, sb_tap, a_zp, out_zp, lo, hi,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EPI: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Grouped conv, no tensor cores: y ``[M, Q]``, channel q in group ``g = q // QG``
+    sums ``R`` channels ``g * R + r`` of A ``(N, AD, AH, AW, CA)`` times B at
+    ``q * sb_q + g * sb_g + r * sb_r + tap * sb_tap``, fp32 (or exact int32 with zero
+    points subtracted) FMAs over a ``[BLOCK_M, BLOCK_N]`` tile."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < Q
+    g = rn // QG
+    pw = rm % PW
+    t = rm // PW
+    ph = t % PH
+    t = t // PH
+    pd = t % PD
+    n = t // PD
+    if EPI == 0:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        bzp = tl.load(bzp_ptr + rn, mask=n_ok, other=0)
+    b_q = b_ptr + rn * sb_q + g * sb_g
+    for kd in range(KD):
+        i_d, ok_d = _coord(pd, kd, SD, PAD_D, DLD, VD, AD)
+        for kh in range(KH):
+            i_h, ok_h = _coord(ph, kh, SH, PAD_H, DLH, VH, AH)
+            for kw in range(KW):
+                i_w, ok_w = _coord(pw, kw, SW, PAD_W, DLW, VW, AW)
+                inside = m_ok & ok_d & ok_h & ok_w
+                row = (((n * AD + i_d) * AH + i_h) * AW + i_w).to(tl.int64) * CA
+                tap = (kd * KH + kh) * KW + kw
+                mask = inside[:, None] & n_ok[None, :]
+                for r in range(R):
+                    a_offs = row[:, None] + (g * R + r)[None, :]
+                    b = tl.load(b_q + r * sb_r + tap * sb_tap, mask=n_ok, other=0)
+                    if EPI == 0:
+                        a = tl.load(a_ptr + a_offs, mask=mask, other=0.0)
+                        acc += a.to(tl.float32) * b.to(tl.float32)[None, :]
+                    else:
+                        a = tl.load(a_ptr + a_offs, mask=mask, other=a_zp)
+                        acc += (a.to(tl.int32) - a_zp) * (b.to(tl.int32) - bzp)[None, :]
+    _epilogue(acc, rn, rm, n_ok, bias_ptr, mult_ptr, y_ptr, Q, M, out_zp, lo, hi,
+              HAS_BIAS, ACT, EPI)
+
+
+@triton.jit
+def wgrad_kernel(
+    x_ptr, dy_ptr, dw_ptr, P, O, C, XD, XH, XW, PD, PH, PW, KH, KW,
+    SD, SH, SW, PAD_D, PAD_H, PAD_W, DLD, DLH, DLW, TF32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """dw ``(O, T, C)`` [o, tap, c] = sum over the ``P`` output positions of
+    dy[p, o] * x[in(p, tap), c], groups == 1; program axis 2 is the tap."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tap = tl.program_id(2)
+    kw = tap % KW
+    kh = (tap // KW) % KH
+    kd = tap // (KW * KH)
+    rk = tl.arange(0, BLOCK_K)
+    o_ok = rm < O
+    c_ok = rn < C
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for p0 in range(0, P, BLOCK_K):
+        p = p0 + rk
+        pw = p % PW
+        t = p // PW
+        ph = t % PH
+        t = t // PH
+        pd = t % PD
+        n = t // PD
+        i_d, ok_d = _coord(pd, kd, SD, PAD_D, DLD, 1, XD)
+        i_h, ok_h = _coord(ph, kh, SH, PAD_H, DLH, 1, XH)
+        i_w, ok_w = _coord(pw, kw, SW, PAD_W, DLW, 1, XW)
+        inside = (p < P) & ok_d & ok_h & ok_w
+        row = (((n * XD + i_d) * XH + i_h) * XW + i_w).to(tl.int64) * C
+        dyt = tl.load(dy_ptr + p.to(tl.int64)[None, :] * O + rm[:, None],
+                      mask=(p < P)[None, :] & o_ok[:, None], other=0)
+        xt = tl.load(x_ptr + row[:, None] + rn[None, :], mask=inside[:, None] & c_ok[None, :],
+                     other=0)
+        if TF32:
+            acc += tl.dot(dyt, xt, input_precision="tf32")
+        else:
+            acc += tl.dot(dyt, xt, input_precision="ieee")
+    offs = (rm[:, None] * tl.num_programs(2) + tap) * C + rn[None, :]
+    tl.store(dw_ptr + offs, acc.to(dw_ptr.dtype.element_ty), mask=o_ok[:, None] & c_ok[None, :])
+
+
+@triton.jit
+def wgrad_direct_kernel(
+    x_ptr, dy_ptr, dw_ptr, P, O, OG, CG, C, T, XD, XH, XW, PD, PH, PW, KH, KW,
+    SD, SH, SW, PAD_D, PAD_H, PAD_W, DLD, DLH, DLW,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Grouped dw ``(O, T, CG)``: each program sums over all positions for BLOCK_N
+    flattened (o, r) pairs of one tap (program axis 1), fp32 FMAs."""
+    q = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tap = tl.program_id(1)
+    kw = tap % KW
+    kh = (tap // KW) % KH
+    kd = tap // (KW * KH)
+    q_ok = q < O * CG
+    o = q // CG
+    c = (o // OG) * CG + q % CG
+    acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)
+        pw = p % PW
+        t = p // PW
+        ph = t % PH
+        t = t // PH
+        pd = t % PD
+        n = t // PD
+        i_d, ok_d = _coord(pd, kd, SD, PAD_D, DLD, 1, XD)
+        i_h, ok_h = _coord(ph, kh, SH, PAD_H, DLH, 1, XH)
+        i_w, ok_w = _coord(pw, kw, SW, PAD_W, DLW, 1, XW)
+        inside = (p < P) & ok_d & ok_h & ok_w
+        row = (((n * XD + i_d) * XH + i_h) * XW + i_w).to(tl.int64) * C
+        dy = tl.load(dy_ptr + p.to(tl.int64)[:, None] * O + o[None, :],
+                     mask=(p < P)[:, None] & q_ok[None, :], other=0.0)
+        x = tl.load(x_ptr + row[:, None] + c[None, :], mask=inside[:, None] & q_ok[None, :],
+                    other=0.0)
+        acc += dy.to(tl.float32) * x.to(tl.float32)
+    dw = tl.sum(acc, axis=0)
+    tl.store(dw_ptr + (o * T + tap) * CG + q % CG, dw.to(dw_ptr.dtype.element_ty), mask=q_ok)

@@ -1,0 +1,96 @@
+"""Block sizes: ``triton.autotune`` over configurations on a GPU, keyed on the GEMM
+sizes rounded up to powers of two, pruned to what fits the device's shared memory;
+under ``TRITON_INTERPRET=1`` one small fixed configuration (every block a power of
+two, ``tl.dot`` operands at least 16 x 16, 32 deep for int8, as real GPUs need).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import triton
+
+from . import kernels
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_DEFAULT_SMEM = 99 * 1024  # sm_86/sm_89 opt-in limit; sm_80/sm_90 allow more
+
+
+def bucket(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def _gemm_configs(int8: bool) -> list[triton.Config]:
+    shapes = [(128, 128, 64, 8, 3), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
+              (64, 128, 32, 4, 4), (64, 64, 32, 4, 4), (128, 256, 32, 8, 3),
+              (256, 128, 32, 8, 3), (64, 64, 64, 4, 3)]
+    if int8:  # int8 mma is 32 deep: keep BLOCK_K a multiple of 64
+        shapes = [(bm, bn, max(bk * 2, 64), w, s) for bm, bn, bk, w, s in shapes]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+                          num_warps=w, num_stages=s) for bm, bn, bk, w, s in shapes]
+
+
+def _shared_memory_limit(device: torch.device) -> int:
+    props = torch.cuda.get_device_properties(device)
+    return int(getattr(props, "shared_memory_per_block_optin", _DEFAULT_SMEM))
+
+
+def _prune(configs: list[triton.Config], named_args: dict[str, Any],
+           **kwargs: Any) -> list[triton.Config]:
+    """Drop configurations whose pipelined A and B tiles exceed shared memory."""
+    a = named_args["a_ptr"]
+    limit = _shared_memory_limit(a.device)
+    size = a.element_size()
+    fits = [c for c in configs
+            if c.num_stages * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"]
+            * size <= limit]
+    return fits or configs[-1:]
+
+
+@functools.cache
+def _autotuned(int8: bool) -> Any:
+    return triton.autotune(
+        configs=_gemm_configs(int8), key=["M_BUCKET", "Q_BUCKET", "K_BUCKET", "EPI", "ACT"],
+        prune_configs_by={"early_config_prune": _prune},
+    )(kernels.igemm_kernel)
+
+
+def igemm(m: int, q: int, k: int, int8: bool) -> Callable[..., None]:
+    """A launcher ``fn(*args, **constexprs)`` of the implicit GEMM for an ``m x q``
+    GEMM with reduction ``k``; it appends the size buckets and picks the grid."""
+    buckets = (bucket(m), bucket(q), bucket(k))
+
+    def grid(meta: dict[str, Any]) -> tuple[int]:
+        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(q, meta["BLOCK_N"]),)
+
+    if INTERPRET:
+        fixed = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32 if int8 else 16, "GROUP_M": 8}
+
+        def run_fixed(*args: Any, **kw: Any) -> None:
+            kernels.igemm_kernel[grid](*args, *buckets, **kw, **fixed)
+        return run_fixed
+
+    def run_tuned(*args: Any, **kw: Any) -> None:
+        _autotuned(int8)[grid](*args, *buckets, **kw)
+    return run_tuned
+
+
+def direct_blocks(q: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of the direct kernel for ``q`` output channels."""
+    return (32 if INTERPRET else 64), min(64, max(16, bucket(q)))
+
+
+def wgrad_blocks(o: int, c: int) -> tuple[int, int, int]:
+    """(BLOCK_M over O, BLOCK_N over C, BLOCK_K over positions) of backward-weight."""
+    if INTERPRET:
+        return 32, 32, 32
+    return min(128, max(16, bucket(o))), min(128, max(16, bucket(c))), 32
+
+
+def wgrad_direct_blocks(n: int) -> tuple[int, int]:
+    """(BLOCK_P, BLOCK_N) of the grouped backward-weight over ``n`` (o, r) pairs."""
+    return (32 if INTERPRET else 64), min(64, max(16, bucket(n)))
