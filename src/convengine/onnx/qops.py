@@ -1,0 +1,183 @@
+"""ONNX int8 operators: QuantizeLinear, DequantizeLinear, QLinearConv, ConvInteger,
+QLinearMatMul, and the ``com.microsoft`` QLinearAdd, QLinearGlobalAveragePool,
+QLinearConcat and QGemm that ONNX Runtime's ``quantize_static`` emits.
+
+Integer accumulators are exact; requantization rounds half to even in float32
+(``saturate(rint(v) + zero_point)``), as ``onnx.reference`` and ONNX Runtime do.
+Convs run channels-last through :func:`convengine.qconv`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConvSetupError
+from .ops import Array, Op, conv_args, operands, to_first, to_last
+
+
+def _along(v: Array, axis: int, ndim: int) -> Array:
+    """A scalar, or a 1-D per-axis parameter shaped to broadcast along ``axis``."""
+    v = np.asarray(v)
+    if v.ndim == 0 or v.size == 1 and ndim == 0:
+        return v.reshape(())
+    shape = [1] * ndim
+    shape[axis % ndim] = -1
+    return v.reshape(shape)
+
+
+def saturate(v: Array, dtype: Any) -> Array:
+    """Round half to even and clip to ``dtype``'s range."""
+    info = np.iinfo(dtype)
+    return np.clip(np.rint(v), info.min, info.max).astype(dtype)
+
+
+def _quantize(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
+    x, scale, zp = operands(inputs, "QuantizeLinear", 2, 3)
+    if "block_size" in attrs and int(attrs["block_size"]):
+        raise NotImplementedError("QuantizeLinear with block_size is not supported")
+    dtype = np.dtype(np.uint8) if zp is None else zp.dtype
+    if "output_dtype" in attrs and int(attrs["output_dtype"]):
+        import onnx
+
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(attrs["output_dtype"])))
+    if dtype.kind not in "iu":
+        raise NotImplementedError(f"QuantizeLinear to {dtype} is not supported (integers only)")
+    axis = int(attrs.get("axis", 1))
+    s = _along(scale, axis, x.ndim).astype(np.float32)
+    z = 0 if zp is None else _along(zp, axis, x.ndim).astype(np.float32)
+    return [saturate(x.astype(np.float32) / s + z, dtype)]
+
+
+def _dequantize(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
+    x, scale, zp = operands(inputs, "DequantizeLinear", 2, 3)
+    axis = int(attrs.get("axis", 1))
+    s = _along(scale, axis, x.ndim)
+    z = 0 if zp is None else _along(zp, axis, x.ndim).astype(np.float32)
+    return [((x.astype(np.float32) - z) * s).astype(s.dtype)]
+
+
+def qlinear_conv_last(x: Array, xs: Array, xzp: Array, w_last: Array, ws: Array, wzp: Array,
+                      ys: Array, yzp: Array, b: Array | None, args: Mapping[str, Any]) -> Array:
+    """QLinearConv of NCHW-shaped ``x`` with a channels-last weight; NCHW view out."""
+    from ..quant import qconv
+
+    y = qconv(to_last(x), xs, xzp, w_last, ws, wzp, b, out_scale=ys, out_zero_point=yzp,
+              out_dtype=yzp.dtype, bias_mode="int32", layout="NHWC", **args)
+    return to_first(y)
+
+
+def _qlinear_conv(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
+    x, xs, xzp, w, ws, wzp, ys, yzp, b = operands(inputs, "QLinearConv", 8, 9)
+    return [qlinear_conv_last(x, xs, xzp, np.moveaxis(w, 1, -1), ws, wzp, ys, yzp, b,
+                              conv_args(attrs, w.shape))]
+
+
+def _conv_integer(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
+    from ..quant import qconv
+
+    x, w, x_zp, w_zp = operands(inputs, "ConvInteger", 2, 4)
+    x_zp = np.zeros((), x.dtype) if x_zp is None else x_zp
+    w_zp = np.zeros((), w.dtype) if w_zp is None else w_zp
+    y = qconv(to_last(x), 1.0, x_zp, np.moveaxis(w, 1, -1), 1.0, w_zp, out_dtype=np.int32,
+              layout="NHWC", **conv_args(attrs, w.shape))
+    return [to_first(y)]
+
+
+def _centered(q: Array, zp: Array | None, axis: int | None = None) -> Array:
+    """``q - zp`` in int32 (``zp`` scalar, or one per index of ``axis``)."""
+    if zp is None:
+        return q.astype(np.int32)
+    z = np.asarray(zp).astype(np.int32)
+    if z.ndim and axis is not None:
+        z = _along(z, axis, q.ndim)
+    return q.astype(np.int32) - z
+
+
+def _qlinear_matmul(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
+    a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = operands(inputs, "QLinearMatMul", 8, 8)
+    acc = np.matmul(_centered(a, a_zp), _centered(b, b_zp, -1))
+    mult = (a_s.astype(np.float32) * b_s.astype(np.float32)) / y_s.astype(np.float32)
+    return [saturate(acc.astype(np.float32) * mult + y_zp.astype(np.float32), y_zp.dtype)]
+
+
+def _qgemm(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
+    """com.microsoft QGemm: int32 ``(A - a_zp)(B - b_zp) + C``, scaled by ``alpha *
+    a_scale * b_scale``; requantized when ``y_scale`` is given, else float."""
+    a, a_s, a_zp, b, b_s, b_zp, c, y_s, y_zp = operands(inputs, "QGemm", 6, 9)
+    a = a.T if int(attrs.get("transA", 0)) else a
+    b_axis = 0 if int(attrs.get("transB", 0)) else 1
+    b = b.T if b_axis == 0 else b
+    acc = _centered(a, a_zp) @ _centered(b, b_zp, -1)
+    if c is not None:
+        acc = acc + c.astype(np.int32)
+    scale = np.float32(attrs.get("alpha", 1.0)) * a_s.astype(np.float32) \
+        * np.asarray(b_s, np.float32).reshape(-1)
+    if y_s is None:
+        return [acc.astype(np.float32) * scale]
+    zp = np.zeros((), np.uint8) if y_zp is None else y_zp
+    return [saturate(acc.astype(np.float32) * (scale / y_s.astype(np.float32))
+                     + np.float32(zp), zp.dtype)]
+
+
+def _qlinear_add(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
+    """com.microsoft QLinearAdd: ``(a - a_zp) a_s / c_s + (b - b_zp) b_s / c_s + c_zp``."""
+    a, a_s, a_zp, b, b_s, b_zp, c_s, c_zp = operands(inputs, "QLinearAdd", 7, 8)
+    c_s = np.float32(c_s)
+    zp = np.zeros((), a.dtype) if c_zp is None else c_zp
+    ra, rb = np.float32(a_s) / c_s, np.float32(b_s) / c_s
+    za = np.float32(0 if a_zp is None else a_zp)
+    zb = np.float32(0 if b_zp is None else b_zp)
+    v = (a.astype(np.float32) - za) * ra + (b.astype(np.float32) - zb) * rb
+    return [saturate(v + np.float32(zp), zp.dtype)]
+
+
+def _qlinear_global_average_pool(inputs: Sequence[Array | None], attrs: Mapping[str, Any]
+                                 ) -> list[Array]:
+    """com.microsoft QLinearGlobalAveragePool: the integer sum of each channel scaled by
+    ``x_s / (y_s * count)``; ``channels_last=1`` reads (N, *S, C)."""
+    x, x_s, x_zp, y_s, y_zp = operands(inputs, "QLinearGlobalAveragePool", 5, 5)
+    last = int(attrs.get("channels_last", 0))
+    xl = x if last else to_last(x)
+    spatial = tuple(range(1, x.ndim - 1))
+    count = int(np.prod([xl.shape[i] for i in spatial]))
+    total = xl.sum(axis=spatial, dtype=np.int64) - count * np.int64(x_zp)
+    mult = np.float32(x_s) / (np.float32(y_s) * np.float32(count))
+    y = saturate(total.astype(np.float32) * mult + np.float32(y_zp), y_zp.dtype)
+    y = y.reshape(y.shape[0], *(1,) * len(spatial), y.shape[-1])
+    return [y if last else to_first(y)]
+
+
+def _qlinear_concat(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
+    """com.microsoft QLinearConcat(y_scale, y_zp, (x, x_scale, x_zp)...): each input
+    requantized to the output's parameters, then concatenated along ``axis``."""
+    if len(inputs) < 5 or (len(inputs) - 2) % 3:
+        raise ConvSetupError(f"QLinearConcat takes Y_scale, Y_zero_point and triples "
+                             f"(X, X_scale, X_zero_point), got {len(inputs)} inputs")
+    y_s, y_zp = np.float32(inputs[0]), np.asarray(inputs[1])
+    parts = []
+    for i in range(2, len(inputs), 3):
+        x, x_s, x_zp = (np.asarray(v) for v in inputs[i:i + 3])
+        if np.float32(x_s) == y_s and x_zp == y_zp:
+            parts.append(x)
+            continue
+        v = (x.astype(np.float32) - np.float32(x_zp)) * np.float32(x_s)
+        parts.append(saturate(v / y_s + np.float32(y_zp), y_zp.dtype))
+    return [np.concatenate(parts, axis=int(attrs["axis"]))]
+
+
+QOPS: dict[str, Op] = {
+    "QuantizeLinear": _quantize,
+    "DequantizeLinear": _dequantize,
+    "QLinearConv": _qlinear_conv,
+    "ConvInteger": _conv_integer,
+    "QLinearMatMul": _qlinear_matmul,
+}
+MICROSOFT_OPS: dict[str, Op] = {
+    "QLinearAdd": _qlinear_add,
+    "QLinearGlobalAveragePool": _qlinear_global_average_pool,
+    "QLinearConcat": _qlinear_concat,
+    "QGemm": _qgemm,
+}

@@ -1,0 +1,528 @@
+"""``Session``: a prepared ONNX model, run many times (like ONNX Runtime's
+``InferenceSession``).
+
+Preparing checks every op up front, converts initializers and Constant nodes once,
+folds every node whose inputs are all constants, rewrites QDQ convs
+(DequantizeLinear -> Conv [-> Relu] -> QuantizeLinear) into int8 QLinearConv, folds
+BatchNormalization into the preceding conv, fuses Conv + [Add] + activation into one
+step (the conv's bias, then numpy in place on its output), lays conv weights out
+channels-last once, and lists when each tensor can be freed. Activations stay
+channels-last between convs: convs return NCHW views of NHWC memory that the next
+conv reads without a copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..errors import ConvSetupError
+from ..threads import get_num_threads, set_num_threads
+from .ops import (
+    OPS,
+    OPSET_DEPENDENT,
+    SINGLE_OUTPUT,
+    Array,
+    Op,
+    attributes,
+    conv_args,
+    conv_last,
+    hard_sigmoid,
+    sigmoid,
+)
+from .qops import MICROSOFT_OPS, QOPS, qlinear_conv_last
+
+DOMAINS: dict[str, dict[str, Op]] = {"": {**OPS, **QOPS}, "com.microsoft": MICROSOFT_OPS}
+
+
+def register_op(op_type: str, fn: Op, domain: str = "") -> None:
+    """Add or replace an operator: ``fn(inputs, attrs) -> [outputs]`` with NCHW
+    semantics (inputs in ``node.input`` order, None for omitted optional ones)."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    DOMAINS.setdefault("" if domain == "ai.onnx" else domain, {})[op_type] = fn
+
+
+def lookup(domain: str, op_type: str) -> Op | None:
+    return DOMAINS.get("" if domain == "ai.onnx" else domain, {}).get(op_type)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """A graph input or output: name, ONNX type string (``tensor(float)``) and shape
+    (ints, symbolic names, or None for unknown dims)."""
+
+    name: str
+    type: str
+    shape: list[int | str | None]
+    dtype: np.dtype | None
+
+
+def _info(value: onnx.ValueInfoProto) -> TensorInfo:
+    t = value.type.tensor_type
+    dtype = None
+    if t.elem_type:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))
+    type_name = onnx.TensorProto.DataType.Name(t.elem_type).lower() if t.elem_type else "?"
+    type_name = {"float": "float", "double": "double"}.get(type_name, type_name)
+    shape: list[int | str | None] = []
+    if t.HasField("shape"):
+        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                 for d in t.shape.dim]
+    return TensorInfo(value.name, f"tensor({type_name})", shape, dtype)
+
+
+@dataclasses.dataclass
+class _Node:
+    name: str
+    op_type: str
+    domain: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any]
+    run: Callable[[list[Any]], list[Array]] | None = None
+
+
+def _load(model: Any) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return onnx.load_from_string(bytes(model))
+    if isinstance(model, (str, os.PathLike)):
+        return onnx.load(os.fspath(model))
+    raise TypeError(f"model must be an onnx.ModelProto, a path or the model's bytes, got "
+                    f"{type(model).__name__}")
+
+
+def _named(node: _Node, error: Exception) -> Exception:
+    """The same kind of error, its message prefixed with the node."""
+    message = f"node {node.name!r} ({node.op_type}): {error}"
+    kind = type(error) if isinstance(error, (ValueError, TypeError, NotImplementedError)) \
+        else RuntimeError
+    try:
+        return kind(message)
+    except TypeError:
+        return RuntimeError(message)
+
+
+# ------------------------------------------------------------------ epilogues
+
+
+def _epilogue_step(node: _Node, consts: Mapping[str, Array]) -> tuple[str, Any] | None:
+    """The in-place form of an activation node, or None if it has none."""
+    op, a = node.op_type, node.attrs
+    if op == "Relu":
+        return ("relu", None)
+    if op == "Clip":
+        bounds = []
+        for i, key in ((1, "min"), (2, "max")):
+            name = node.inputs[i] if len(node.inputs) > i else ""
+            if name and name not in consts:
+                return None
+            bounds.append(consts[name] if name else a.get(key))
+        return ("clip", tuple(bounds))
+    if op == "LeakyRelu":
+        return ("leaky", float(a.get("alpha", 0.01)))
+    if op in ("Sigmoid", "HardSwish"):
+        return (op.lower(), None)
+    if op == "HardSigmoid":
+        return ("hardsigmoid", (float(a.get("alpha", 0.2)), float(a.get("beta", 0.5))))
+    return None
+
+
+def _apply(y: Array, steps: Sequence[tuple[str, Any]], extra: Sequence[Array]) -> Array:
+    """Run the fused epilogue on the conv output ``y`` (in place where shapes allow)."""
+    for kind, arg in steps:
+        if kind == "add":
+            r = extra[arg]
+            if np.broadcast_shapes(y.shape, r.shape) == y.shape and r.dtype == y.dtype:
+                np.add(y, r, out=y)
+            else:
+                y = y + r
+        elif kind == "relu":
+            np.maximum(y, 0, out=y)
+        elif kind == "clip":
+            lo, hi = arg
+            if lo is not None:
+                np.maximum(y, y.dtype.type(lo), out=y)
+            if hi is not None:
+                np.minimum(y, y.dtype.type(hi), out=y)
+        elif kind == "leaky":
+            np.multiply(y, y.dtype.type(arg), out=y, where=y < 0)
+        elif kind == "sigmoid":
+            y[...] = sigmoid(y)
+        elif kind == "hardswish":
+            y *= hard_sigmoid(y, 1 / 6, 0.5)
+        elif kind == "hardsigmoid":
+            y[...] = hard_sigmoid(y, *arg)
+    return y
+
+
+# ------------------------------------------------------------------ the session
+
+
+class Session:
+    """A prepared ONNX model. ``Session(model_or_path_or_bytes, *, threads=None)``;
+    ``run(output_names, {input_name: array})`` returns the outputs in the order asked
+    (all graph outputs for ``None``); ``threads`` sets convengine's thread count while
+    running (None leaves it)."""
+
+    def __init__(self, model: Any, *, threads: int | None = None) -> None:
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                    or threads < 1):
+            raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+        self.threads = threads
+        model = _load(model)
+        graph = model.graph
+        self._opset = next((o.version for o in model.opset_import
+                            if o.domain in ("", "ai.onnx")), 21)
+        nodes = [_Node(n.name or f"{n.op_type}_{i}", n.op_type, n.domain, list(n.input),
+                       list(n.output), attributes(n)) for i, n in enumerate(graph.node)]
+        unsupported = sorted({f"{n.domain + '::' if n.domain else ''}{n.op_type}"
+                              for n in nodes if lookup(n.domain, n.op_type) is None})
+        if unsupported:
+            raise NotImplementedError(
+                f"the model uses operators convengine.onnx does not support: "
+                f"{', '.join(unsupported)} (supported: {', '.join(supported_ops())})")
+        self._consts: dict[str, Array] = {t.name: numpy_helper.to_array(t)
+                                          for t in graph.initializer}
+        self._inputs = [_info(v) for v in graph.input if v.name not in self._consts]
+        self._outputs = [_info(v) for v in graph.output]
+        self._output_names = {o.name for o in self._outputs}
+        nodes = self._rewrite_qdq_convs(nodes)
+        nodes = self._fold_constants(nodes)
+        nodes = self._fold_batch_norms(nodes)
+        nodes = self._fuse_epilogues(nodes)
+        self._nodes = self._prune(nodes)
+        for node in self._nodes:
+            node.run = self._compile(node)
+        self._frees = self._lifetimes()
+
+    # -------------------------------------------------------------- public
+
+    def get_inputs(self) -> list[TensorInfo]:
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[TensorInfo]:
+        return list(self._outputs)
+
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]
+            ) -> list[Array]:
+        """The named outputs (all for None) for ``input_feed`` {name: array}."""
+        names = [o.name for o in self._outputs] if output_names is None else list(output_names)
+        unknown = [n for n in names if n not in self._output_names]
+        if unknown:
+            raise ConvSetupError(f"output_names {unknown} are not graph outputs; expected "
+                                 f"some of {[o.name for o in self._outputs]}")
+        env = self._feeds(input_feed)
+        saved = get_num_threads() if self.threads is not None else None
+        if self.threads is not None:
+            set_num_threads(self.threads)
+        try:
+            for node, frees in zip(self._nodes, self._frees, strict=True):
+                args = [self._value(env, n) if n else None for n in node.inputs]
+                assert node.run is not None
+                try:
+                    outputs = node.run(args)
+                except Exception as error:  # name the node, keep the kind
+                    raise _named(node, error) from error
+                for name, value in zip(node.outputs, outputs, strict=False):
+                    if name:
+                        env[name] = value
+                for name in frees:
+                    env.pop(name, None)
+        finally:
+            if saved is not None:
+                set_num_threads(saved)
+        return [np.ascontiguousarray(self._value(env, n)) for n in names]
+
+    # -------------------------------------------------------------- feeds
+
+    def _value(self, env: Mapping[str, Any], name: str) -> Any:
+        return env[name] if name in env else self._consts[name]
+
+    def _feeds(self, feed: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(feed, Mapping):
+            raise TypeError(f"input_feed must be a dict {{input name: array}}, got "
+                            f"{type(feed).__name__}; inputs: {[i.name for i in self._inputs]}")
+        known = {i.name for i in self._inputs}
+        unknown = sorted(set(feed) - known)
+        missing = [i.name for i in self._inputs if i.name not in feed]
+        if unknown or missing:
+            raise ConvSetupError(f"input_feed: unknown inputs {unknown}, missing inputs "
+                                 f"{missing}; the model takes {sorted(known)}")
+        env: dict[str, Any] = {}
+        symbols: dict[str, int] = {}
+        for info in self._inputs:
+            a = np.asarray(feed[info.name])
+            declared = f"{info.type} of shape {info.shape}"
+            if info.dtype is not None and a.dtype != info.dtype:
+                raise ConvSetupError(f"input {info.name!r}: expected {declared}, got a "
+                                     f"{a.dtype} array of shape {list(a.shape)}")
+            ok = not info.shape or len(info.shape) == a.ndim
+            for d, n in zip(info.shape if ok else [], a.shape, strict=False):
+                if isinstance(d, int) and d > 0 and d != n:
+                    ok = False
+                elif isinstance(d, str):
+                    ok &= symbols.setdefault(d, n) == n
+            if not ok:
+                raise ConvSetupError(f"input {info.name!r}: expected {declared}, got shape "
+                                     f"{list(a.shape)}")
+            env[info.name] = a
+        return env
+
+    # -------------------------------------------------------------- graph rewrites
+
+    def _consumers(self, nodes: Sequence[_Node]) -> dict[str, list[_Node]]:
+        users: dict[str, list[_Node]] = {}
+        for node in nodes:
+            for name in node.inputs:
+                if name:
+                    users.setdefault(name, []).append(node)
+        return users
+
+    def _only_user(self, users: Mapping[str, list[_Node]], name: str) -> _Node | None:
+        found = users.get(name, [])
+        if len(found) == 1 and name not in self._output_names:
+            return found[0]
+        return None
+
+    def _fold_constants(self, nodes: list[_Node]) -> list[_Node]:
+        """Evaluate every node whose inputs are all constants, once."""
+        kept = []
+        for node in nodes:
+            if all(not n or n in self._consts for n in node.inputs) and \
+                    not set(node.outputs) & self._output_names:
+                try:
+                    values = self._generic(node)([self._consts[n] if n else None
+                                                  for n in node.inputs])
+                except Exception as error:
+                    raise _named(node, error) from error
+                self._consts.update((n, np.asarray(v)) for n, v in zip(node.outputs, values,
+                                                                        strict=False) if n)
+            else:
+                kept.append(node)
+        return kept
+
+    def _producer_map(self, nodes: Sequence[_Node]) -> dict[str, _Node]:
+        return {o: n for n in nodes for o in n.outputs if o}
+
+    def _rewrite_qdq_convs(self, nodes: list[_Node]) -> list[_Node]:
+        """DQ(x) -> Conv(DQ(w const)[, DQ(b int32 const)]) [-> Relu] -> Q  ==>  one
+        int8 QLinearConv (ONNX Runtime runs QDQ convs the same way)."""
+        made = {o: n for n in nodes for o in n.outputs if o}
+        users = self._consumers(nodes)
+        c = self._consts
+        dropped: set[int] = set()
+        for conv in nodes:
+            if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx"):
+                continue
+            dqs = [made.get(n) for n in conv.inputs]
+            if len(dqs) < 2 or any(d is None or d.op_type != "DequantizeLinear" for d in dqs):
+                continue
+            dx, dw = dqs[0], dqs[1]
+            assert dx is not None and dw is not None
+            chain = [conv]
+            nxt = self._only_user(users, conv.outputs[0])
+            if nxt is not None and nxt.op_type == "Relu":
+                chain.append(nxt)
+                nxt = self._only_user(users, nxt.outputs[0])
+            if nxt is None or nxt.op_type != "QuantizeLinear" or len(nxt.inputs) < 3:
+                continue
+            q = nxt
+            params = [dx.inputs[1:3], dw.inputs[1:3], q.inputs[1:3]]
+            if any(len(p) < 2 or any(n not in c for n in p) for p in params) \
+                    or dw.inputs[0] not in c or c[dw.inputs[0]].dtype != np.int8:
+                continue
+            bias = ""
+            if len(conv.inputs) > 2 and conv.inputs[2]:
+                db = dqs[2]
+                assert db is not None
+                b_q = c.get(db.inputs[0])
+                expected = (np.float32(c[dx.inputs[1]]) * c[dw.inputs[1]].astype(np.float32))
+                if b_q is None or b_q.dtype != np.int32 or not np.allclose(
+                        c[db.inputs[1]], expected, rtol=1e-6, atol=0):
+                    continue
+                bias = db.inputs[0]
+            inputs = [dx.inputs[0], *dx.inputs[1:3], dw.inputs[0], *dw.inputs[1:3],
+                      *q.inputs[1:3], bias]
+            fused = _Node(conv.name, "QLinearConv", "", inputs, list(q.outputs),
+                          dict(conv.attrs))
+            if len(chain) == 2:
+                fused.attrs["_relu"] = True
+            index = nodes.index(q)
+            nodes[index] = fused
+            dropped.update(id(n) for n in chain)
+        return [n for n in nodes if id(n) not in dropped]
+
+    def _fold_batch_norms(self, nodes: list[_Node]) -> list[_Node]:
+        """Conv (constant weights) -> BatchNormalization  ==>  one conv."""
+        made = self._producer_map(nodes)
+        users = self._consumers(nodes)
+        c = self._consts
+        dropped: set[int] = set()
+        for bn in nodes:
+            if bn.op_type != "BatchNormalization" or bn.attrs.get("training_mode", 0):
+                continue
+            conv = made.get(bn.inputs[0])
+            if conv is None or conv.op_type != "Conv" or \
+                    self._only_user(users, bn.inputs[0]) is not bn or \
+                    any(n not in c for n in bn.inputs[1:5]) or conv.inputs[1] not in c or \
+                    (len(conv.inputs) > 2 and conv.inputs[2] and conv.inputs[2] not in c) or \
+                    len([o for o in bn.outputs if o]) > 1:
+                continue
+            w = c[conv.inputs[1]]
+            scale, beta, mean, var = (c[n].astype(np.float64) for n in bn.inputs[1:5])
+            inv = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+            b = c[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and \
+                conv.inputs[2] else np.zeros(w.shape[0])
+            w_name, b_name = f"{conv.name}/bn_folded_w", f"{conv.name}/bn_folded_b"
+            c[w_name] = (w * inv.reshape(-1, *(1,) * (w.ndim - 1))).astype(w.dtype)
+            c[b_name] = ((b - mean) * inv + beta).astype(w.dtype)
+            conv.inputs = [conv.inputs[0], w_name, b_name]
+            conv.outputs = [bn.outputs[0]]
+            dropped.add(id(bn))
+        return [n for n in nodes if id(n) not in dropped]
+
+    def _fuse_epilogues(self, nodes: list[_Node]) -> list[_Node]:
+        """Conv -> [Add] -> [activation]  ==>  one step at the chain's last node."""
+        users = self._consumers(nodes)
+        c = self._consts
+        out: list[_Node] = []
+        moved: dict[int, _Node] = {}  # id(last node of a chain) -> fused conv
+        absorbed: set[int] = set()
+        for conv in nodes:
+            if conv.op_type != "Conv" or conv.inputs[1] not in c:
+                continue
+            steps: list[tuple[str, Any]] = []
+            extra: list[str] = []
+            last = conv
+            nxt = self._only_user(users, conv.outputs[0])
+            if nxt is not None and nxt.op_type == "Add" and len(nxt.inputs) == 2:
+                other = nxt.inputs[1] if nxt.inputs[0] == conv.outputs[0] else nxt.inputs[0]
+                if other != conv.outputs[0]:
+                    steps.append(("add", len(extra)))
+                    extra.append(other)
+                    absorbed.add(id(nxt))
+                    last = nxt
+                    nxt = self._only_user(users, nxt.outputs[0])
+            act = None if nxt is None else _epilogue_step(nxt, c)
+            if nxt is not None and act is not None:
+                steps.append(act)
+                absorbed.add(id(nxt))
+                last = nxt
+            if last is conv:
+                continue
+            conv.attrs["_epilogue"] = steps
+            conv.inputs = [*conv.inputs[:3], *[""] * (3 - len(conv.inputs)), *extra]
+            conv.outputs = [last.outputs[0]]
+            moved[id(last)] = conv
+            absorbed.add(id(conv))
+        for node in nodes:
+            if id(node) in moved:
+                out.append(moved[id(node)])
+            elif id(node) not in absorbed:
+                out.append(node)
+        return out
+
+    def _prune(self, nodes: list[_Node]) -> list[_Node]:
+        """Drop nodes none of whose outputs reach a graph output."""
+        needed = set(self._output_names)
+        kept = []
+        for node in reversed(nodes):
+            if needed & set(node.outputs):
+                kept.append(node)
+                needed.update(n for n in node.inputs if n)
+        missing = sorted(n for n in needed if n not in self._consts
+                         and n not in {i.name for i in self._inputs}
+                         and not any(n in k.outputs for k in kept))
+        if missing:
+            raise ConvSetupError(f"the graph reads tensors no node, input or initializer "
+                                 f"defines: {missing}")
+        return kept[::-1]
+
+    def _lifetimes(self) -> list[list[str]]:
+        """Per node, the tensors to drop after it (their last reader, or unread)."""
+        last: dict[str, int] = {}
+        for i, node in enumerate(self._nodes):
+            for name in [*node.inputs, *node.outputs]:
+                if name and name not in self._consts:
+                    last[name] = i
+        frees: list[list[str]] = [[] for _ in self._nodes]
+        for name, i in last.items():
+            if name not in self._output_names:
+                frees[i].append(name)
+        return frees
+
+    # -------------------------------------------------------------- compiling
+
+    def _generic(self, node: _Node) -> Callable[[list[Any]], list[Array]]:
+        fn = lookup(node.domain, node.op_type)
+        if fn is None:
+            raise NotImplementedError(f"operator {node.domain}::{node.op_type}")
+        attrs = dict(node.attrs)
+        if node.op_type in OPSET_DEPENDENT and node.domain in ("", "ai.onnx"):
+            attrs["opset"] = self._opset
+        if node.op_type in SINGLE_OUTPUT and len([o for o in node.outputs if o]) > 1:
+            raise NotImplementedError(f"{node.op_type} node {node.name!r} asks for "
+                                      f"{len(node.outputs)} outputs; only the first is produced")
+        return lambda args: fn(args, attrs)
+
+    def _compile(self, node: _Node) -> Callable[[list[Any]], list[Array]]:
+        c = self._consts
+        if node.op_type == "Conv" and node.inputs[1] in c:
+            w = c[node.inputs[1]]
+            args = conv_args(node.attrs, w.shape)
+            w_last = np.ascontiguousarray(np.moveaxis(w, 1, -1))
+            b_name = node.inputs[2] if len(node.inputs) > 2 else ""
+            b = np.ascontiguousarray(c[b_name]) if b_name else None
+            steps = node.attrs.get("_epilogue", [])
+            if b_name and b_name not in c:
+                raise ConvSetupError(f"node {node.name!r} (Conv): bias {b_name!r} must be "
+                                     f"an initializer when W is one")
+
+            def run_conv(xs: list[Any]) -> list[Array]:
+                y = conv_last(np.asarray(xs[0]), w_last, b, args)
+                return [_apply(y, steps, xs[3:]) if steps else y]
+            return run_conv
+        if node.op_type == "QLinearConv" and node.inputs[3] in c:
+            w = c[node.inputs[3]]
+            args = conv_args(node.attrs, w.shape)
+            w_last = np.ascontiguousarray(np.moveaxis(w, 1, -1))
+            relu = bool(node.attrs.get("_relu", False))
+
+            def run_qconv(xs: list[Any]) -> list[Array]:
+                x, xs_, xzp, _, ws, wzp, ys, yzp, *rest = xs + [None]
+                b = rest[0] if rest else None
+                y = qlinear_conv_last(np.asarray(x), xs_, xzp, w_last, ws, wzp, ys,
+                                      np.asarray(yzp), b, args)
+                return [np.maximum(y, yzp, out=y) if relu else y]
+            return run_qconv
+        return self._generic(node)
+
+
+def supported_ops() -> list[str]:
+    """Every registered operator, ``domain::op`` outside the default domain."""
+    return [f"{d + '::' if d else ''}{op}" for d, ops in DOMAINS.items() for op in ops]
+
+
+def run_model(model: Any, inputs: Mapping[str, Any] | Sequence[Any]) -> list[Array]:
+    """Run a model once: ``inputs`` maps input names to arrays, or lists them in the
+    order of ``get_inputs()``. Returns every graph output, in order."""
+    session = Session(model)
+    if not isinstance(inputs, Mapping):
+        if isinstance(inputs, np.ndarray) or not isinstance(inputs, Sequence):
+            raise TypeError(f"inputs must be a dict {{name: array}} or a list of arrays, got "
+                            f"{type(inputs).__name__}")
+        names = [i.name for i in session.get_inputs()]
+        if len(inputs) != len(names):
+            raise ConvSetupError(f"the model takes {len(names)} inputs {names}, got "
+                                 f"{len(inputs)}")
+        inputs = dict(zip(names, inputs, strict=True))
+    return session.run(None, inputs)
