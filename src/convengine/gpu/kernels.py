@@ -61,8 +61,9 @@ def _epilogue(acc, rq, rm, rq_mask, bias_ptr, mult_ptr, y_ptr, Q, M, out_zp, lo,
         bias = tl.load(bias_ptr + rq, mask=rq_mask, other=0)
         mult = tl.load(mult_ptr + rq, mask=rq_mask, other=0.0).to(tl.float64)
         v = (acc + bias[None, :]).to(tl.float64) * mult[None, :]
-        v = v + out_zp.to(tl.float64)
-        v = tl.minimum(tl.maximum(v, lo.to(tl.float64)), hi.to(tl.float64))
+        zero = tl.zeros_like(v)  # promotes the fp32 scalars exactly to float64
+        v = v + (zero + out_zp)
+        v = tl.minimum(tl.maximum(v, zero + lo), zero + hi)
         out = (v + RINT64) - RINT64
     else:
         out = acc + tl.load(bias_ptr + rq, mask=rq_mask, other=0)[None, :]
