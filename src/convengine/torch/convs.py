@@ -1,13 +1,10 @@
-"""PyTorch interop: convengine's convolutions as autograd Functions and ``nn`` modules.
-
-    import convengine.torch as cet
-    y = cet.conv(x, w, b, stride=2, padding=1)   # differentiable, like F.conv2d
-    cet.replace_convs(model)                      # every nn.Conv* now runs on convengine
+"""Float convolutions for PyTorch: autograd Functions, ``nn`` modules, ``replace_convs``.
 
 CPU tensors only. Tensors reach the engine as numpy views (no copy); results come
-back through ``torch.from_numpy`` (no copy). Channels-last tensors
-(``torch.channels_last``/``channels_last_3d``) run in NHWC and stay channels-last.
-Needs the ``torch`` extra (torch==2.13.0).
+back through ``torch.from_numpy`` (no copy). 2-D and 3-D convs run channels-last
+and return channels-last memory (``torch.channels_last``/``channels_last_3d``), as
+PyTorch's channels-last convs do; gradients keep the memory format of what they are
+gradients of.
 """
 
 from __future__ import annotations
@@ -22,9 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from . import api
-from .errors import ConvSetupError
-from .quant import qconv
+from .. import api
 
 __all__ = [
     "Conv1d",
@@ -33,7 +28,6 @@ __all__ = [
     "ConvTranspose1d",
     "ConvTranspose2d",
     "ConvTranspose3d",
-    "QConv2d",
     "conv",
     "conv_transpose",
     "from_numpy",
@@ -72,6 +66,12 @@ def _channels_last(t: torch.Tensor) -> bool:
     return t.permute(perm).is_contiguous() and not t.is_contiguous()
 
 
+def _layout(x: torch.Tensor) -> str:
+    """NHWC for 2-D/3-D convs (their results are channels-last whatever the input's
+    memory format); 1-D convs follow the input's memory."""
+    return "NHWC" if x.dim() in (4, 5) or _channels_last(x) else "NCHW"
+
+
 def _view(t: torch.Tensor, layout: str, name: str) -> np.ndarray:
     """numpy view of an NCHW-ordered tensor in ``layout`` (a transposed view for NHWC)."""
     a = to_numpy(t, name)
@@ -85,7 +85,8 @@ def _back(a: np.ndarray, layout: str) -> torch.Tensor:
 
 
 def _like(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """Give a gradient the memory format of its parameter (contiguous weights stay so)."""
+    """Give a gradient the memory format of what it is the gradient of (a contiguous
+    input or weight gets a contiguous gradient; channels-last stays channels-last)."""
     return grad.contiguous() if param.is_contiguous() else grad
 
 
@@ -107,7 +108,7 @@ class _ConvFn(torch.autograd.Function):
         bias: torch.Tensor | None,
         conf: dict[str, Any],
     ) -> torch.Tensor:
-        layout = "NHWC" if _channels_last(x) else "NCHW"
+        layout = _layout(x)
         xv, wv = _view(x, layout, "input"), _view(w, layout, "weight")
         problem = api.forward_problem(xv, wv, bias, layout=layout, **_geom(conf))
         conf = {**conf, "padding": _pairs(problem.padding)}
@@ -127,9 +128,9 @@ class _ConvFn(torch.autograd.Function):
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             wv = _view(w, layout, "weight")
-            dx = _back(api.conv_backward_data(
+            dx = _like(_back(api.conv_backward_data(
                 dyv, wv, _view(x, layout, "input").shape, layout=layout, algo=algo, **geom
-            ), layout)
+            ), layout), x)
         if ctx.needs_input_grad[1]:
             xv = _view(x, layout, "input")
             dw = _like(_back(api.conv_backward_weight(
@@ -153,7 +154,7 @@ class _ConvTransposeFn(torch.autograd.Function):
         conf: dict[str, Any],
         output_padding: Any,
     ) -> torch.Tensor:
-        layout = "NHWC" if _channels_last(x) else "NCHW"
+        layout = _layout(x)
         xv, wv = _view(x, layout, "input"), _view(w, layout, "weight")
         problem = api.transpose_problem(
             xv, wv, bias, layout=layout, output_padding=output_padding, **_geom(conf)
@@ -176,7 +177,7 @@ class _ConvTransposeFn(torch.autograd.Function):
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             wv = _view(w, layout, "weight")
-            dx = _back(api.conv(dyv, wv, layout=layout, algo=algo, **geom), layout)
+            dx = _like(_back(api.conv(dyv, wv, layout=layout, algo=algo, **geom), layout), x)
         if ctx.needs_input_grad[1]:
             xv = _view(x, layout, "input")
             dw = _like(_back(api.conv_backward_weight(
@@ -360,166 +361,3 @@ def replace_convs(model: nn.Module, *, algo: str = "auto") -> nn.Module:
             module.__class__ = twin
             module.algo = algo  # type: ignore[assignment]
     return model
-
-
-# ------------------------------------------------------------------ quantized
-
-
-def _quantized_classes() -> tuple[type[nn.Module], type[nn.Module]]:
-    """PyTorch's quantized Conv2d and ConvReLU2d (imported late: a deprecated namespace)."""
-    import torch.ao.nn.intrinsic.quantized as nniq
-    import torch.ao.nn.quantized as nnq
-
-    return nnq.Conv2d, nniq.ConvReLU2d
-
-
-class QConv2d(nn.Module):
-    """Quantized 2-D convolution on :func:`convengine.qconv`, bit-exact with PyTorch's
-    quantized ``Conv2d`` / ``ConvReLU2d`` on its fbgemm and x86 engines (float bias,
-    per-tensor or per-channel int8 weights).
-
-    ``forward``: a per-tensor quantized tensor ``(N, C, H, W)`` (quint8 or qint8) ->
-    a quantized tensor of the same dtype with this module's ``scale``/``zero_point``.
-    Build it with :meth:`from_quantized` or :meth:`from_float`.
-    """
-
-    weight: torch.Tensor
-    w_scale: torch.Tensor
-    w_zero_point: torch.Tensor
-    bias: torch.Tensor | None
-
-    def __init__(
-        self,
-        weight: torch.Tensor,
-        w_scale: Any,
-        w_zero_point: Any,
-        bias: torch.Tensor | None = None,
-        *,
-        stride: Any = 1,
-        padding: Any = 0,
-        dilation: Any = 1,
-        groups: int = 1,
-        scale: float = 1.0,
-        zero_point: int = 0,
-        relu: bool = False,
-        algo: str = "auto",
-    ) -> None:
-        super().__init__()
-        if weight.dtype not in (torch.int8, torch.uint8) or weight.dim() != 4:
-            raise ConvSetupError(
-                f"weight must be a 4-D int8 tensor of quantized values (O, C // groups, "
-                f"kH, kW), got dtype {weight.dtype} and shape {tuple(weight.shape)}"
-            )
-        self.register_buffer("weight", weight.detach().clone())
-        self.register_buffer("w_scale", torch.as_tensor(w_scale, dtype=torch.float64))
-        self.register_buffer("w_zero_point", torch.as_tensor(w_zero_point, dtype=torch.int64))
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.stride, self.padding, self.dilation = stride, padding, dilation
-        self.groups, self.scale, self.zero_point = groups, float(scale), int(zero_point)
-        self.relu, self.algo = relu, algo
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not isinstance(input, torch.Tensor) or not input.is_quantized:
-            raise TypeError(
-                "QConv2d takes a quantized tensor (e.g. torch.quantize_per_tensor(x, scale, "
-                f"zero_point, torch.quint8)), got {getattr(input, 'dtype', type(input))}"
-            )
-        if input.qscheme() != torch.per_tensor_affine:
-            raise ConvSetupError(f"input must be quantized per tensor, got {input.qscheme()}")
-        x = input.int_repr().numpy()  # a quantized tensor exports no buffer: one copy
-        bias = None if self.bias is None else self.bias.numpy()
-        y = qconv(
-            x, input.q_scale(), input.q_zero_point(), self.weight.numpy(),
-            self.w_scale.numpy(), self.w_zero_point.numpy(), bias,
-            out_scale=self.scale, out_zero_point=self.zero_point, out_dtype=x.dtype,
-            relu=self.relu, bias_mode="float", stride=self.stride, padding=self.padding,
-            dilation=self.dilation, groups=self.groups, algo=self.algo,
-        )
-        return torch._make_per_tensor_quantized_tensor(
-            torch.from_numpy(y), self.scale, self.zero_point
-        )
-
-    def extra_repr(self) -> str:
-        return (f"{tuple(self.weight.shape)}, stride={self.stride}, padding={self.padding}, "
-                f"dilation={self.dilation}, groups={self.groups}, scale={self.scale}, "
-                f"zero_point={self.zero_point}, relu={self.relu}, algo={self.algo!r}")
-
-    @classmethod
-    def from_quantized(cls, module: nn.Module, *, algo: str = "auto") -> QConv2d:
-        """From PyTorch's quantized ``Conv2d`` or ``ConvReLU2d`` (same weights, bias,
-        scales, zero points and geometry)."""
-        conv_cls, conv_relu_cls = _quantized_classes()
-        if not isinstance(module, conv_cls):
-            raise TypeError(f"module must be a torch.ao.nn.quantized.Conv2d or ConvReLU2d, "
-                            f"got {type(module).__name__}")
-        m: Any = module
-        if m.padding_mode != "zeros":
-            raise ConvSetupError(f"padding_mode={m.padding_mode!r}: QConv2d supports 'zeros'")
-        w = m.weight()
-        if w.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
-            w_scale, w_zp = w.q_scale(), w.q_zero_point()
-        elif w.q_per_channel_axis() == 0:
-            w_scale, w_zp = w.q_per_channel_scales(), w.q_per_channel_zero_points()
-        else:
-            raise ConvSetupError(f"per-channel weights must be quantized along axis 0 "
-                                 f"(output channels), got axis {w.q_per_channel_axis()}")
-        return cls(
-            w.int_repr(), w_scale, w_zp, m.bias(), stride=m.stride, padding=m.padding,
-            dilation=m.dilation, groups=m.groups, scale=m.scale, zero_point=m.zero_point,
-            relu=isinstance(module, conv_relu_cls), algo=algo,
-        )
-
-    @classmethod
-    def from_float(
-        cls,
-        module: nn.Module,
-        *,
-        scale: float | None = None,
-        zero_point: int | None = None,
-        relu: bool = False,
-        per_channel: bool = True,
-        algo: str = "auto",
-    ) -> QConv2d:
-        """From a float ``nn.Conv2d``.
-
-        An observed module (after ``torch.ao.quantization.prepare`` and calibration,
-        plain or fused with ReLU) is converted exactly as PyTorch's ``convert`` would
-        convert it. Otherwise give the output ``scale`` and ``zero_point``; weights are
-        then quantized to int8 by PyTorch's symmetric min/max observer (per output
-        channel unless ``per_channel=False``).
-        """
-        conv_cls, conv_relu_cls = _quantized_classes()
-        if hasattr(module, "activation_post_process"):
-            fused = not isinstance(module, nn.Conv2d)  # torch.ao.nn.intrinsic.ConvReLU2d
-            target: Any = conv_relu_cls if fused else conv_cls
-            return cls.from_quantized(target.from_float(module), algo=algo)
-        if not isinstance(module, nn.Conv2d):
-            raise TypeError(f"module must be an nn.Conv2d, got {type(module).__name__}")
-        if scale is None or zero_point is None:
-            raise ConvSetupError(
-                "from_float on an unobserved nn.Conv2d needs the output scale and "
-                "zero_point (or prepare and calibrate it with torch.ao.quantization first)"
-            )
-        from torch.ao.quantization import MinMaxObserver, PerChannelMinMaxObserver
-
-        observer: Any = (
-            PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8,
-                                     qscheme=torch.per_channel_symmetric)
-            if per_channel
-            else MinMaxObserver(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric)
-        )
-        weight = module.weight.detach().float()
-        observer(weight)
-        w_scale, w_zp = observer.calculate_qparams()
-        if per_channel:
-            wq = torch.quantize_per_channel(weight, w_scale.double(), w_zp, 0, torch.qint8)
-        else:
-            wq = torch.quantize_per_tensor(weight, float(w_scale), int(w_zp), torch.qint8)
-        q: Any = (conv_relu_cls if relu else conv_cls)(
-            module.in_channels, module.out_channels, module.kernel_size, module.stride,
-            module.padding, module.dilation, module.groups, module.bias is not None,
-            module.padding_mode,
-        )
-        q.set_weight_bias(wq, None if module.bias is None else module.bias.detach().float())
-        q.scale, q.zero_point = float(scale), int(zero_point)
-        return cls.from_quantized(q, algo=algo)

@@ -1,0 +1,172 @@
+"""Quantized convolutions for PyTorch: ``QConv2d`` on :func:`convengine.qconv`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch  # absolute import: PyTorch, not this package
+from torch import nn
+
+from ..errors import ConvSetupError
+from ..quant import qconv
+
+__all__ = ["QConv2d"]
+
+def _quantized_classes() -> tuple[type[nn.Module], type[nn.Module]]:
+    """PyTorch's quantized Conv2d and ConvReLU2d (imported late: a deprecated namespace)."""
+    import torch.ao.nn.intrinsic.quantized as nniq
+    import torch.ao.nn.quantized as nnq
+
+    return nnq.Conv2d, nniq.ConvReLU2d
+
+
+class QConv2d(nn.Module):
+    """Quantized 2-D convolution on :func:`convengine.qconv`, bit-exact with PyTorch's
+    quantized ``Conv2d`` / ``ConvReLU2d`` on its fbgemm and x86 engines (float bias,
+    per-tensor or per-channel int8 weights).
+
+    ``forward``: a per-tensor quantized tensor ``(N, C, H, W)`` (quint8 or qint8) ->
+    a quantized tensor of the same dtype with this module's ``scale``/``zero_point``.
+    Build it with :meth:`from_quantized` or :meth:`from_float`.
+    """
+
+    weight: torch.Tensor
+    w_scale: torch.Tensor
+    w_zero_point: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        w_scale: Any,
+        w_zero_point: Any,
+        bias: torch.Tensor | None = None,
+        *,
+        stride: Any = 1,
+        padding: Any = 0,
+        dilation: Any = 1,
+        groups: int = 1,
+        scale: float = 1.0,
+        zero_point: int = 0,
+        relu: bool = False,
+        algo: str = "auto",
+    ) -> None:
+        super().__init__()
+        if weight.dtype not in (torch.int8, torch.uint8) or weight.dim() != 4:
+            raise ConvSetupError(
+                f"weight must be a 4-D int8 tensor of quantized values (O, C // groups, "
+                f"kH, kW), got dtype {weight.dtype} and shape {tuple(weight.shape)}"
+            )
+        self.register_buffer("weight", weight.detach().clone())
+        self.register_buffer("w_scale", torch.as_tensor(w_scale, dtype=torch.float64))
+        self.register_buffer("w_zero_point", torch.as_tensor(w_zero_point, dtype=torch.int64))
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.stride, self.padding, self.dilation = stride, padding, dilation
+        self.groups, self.scale, self.zero_point = groups, float(scale), int(zero_point)
+        self.relu, self.algo = relu, algo
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not isinstance(input, torch.Tensor) or not input.is_quantized:
+            raise TypeError(
+                "QConv2d takes a quantized tensor (e.g. torch.quantize_per_tensor(x, scale, "
+                f"zero_point, torch.quint8)), got {getattr(input, 'dtype', type(input))}"
+            )
+        if input.qscheme() != torch.per_tensor_affine:
+            raise ConvSetupError(f"input must be quantized per tensor, got {input.qscheme()}")
+        x = input.int_repr().numpy()  # a quantized tensor exports no buffer: one copy
+        bias = None if self.bias is None else self.bias.numpy()
+        y = qconv(
+            x, input.q_scale(), input.q_zero_point(), self.weight.numpy(),
+            self.w_scale.numpy(), self.w_zero_point.numpy(), bias,
+            out_scale=self.scale, out_zero_point=self.zero_point, out_dtype=x.dtype,
+            relu=self.relu, bias_mode="float", stride=self.stride, padding=self.padding,
+            dilation=self.dilation, groups=self.groups, algo=self.algo,
+        )
+        return torch._make_per_tensor_quantized_tensor(
+            torch.from_numpy(y), self.scale, self.zero_point
+        )
+
+    def extra_repr(self) -> str:
+        return (f"{tuple(self.weight.shape)}, stride={self.stride}, padding={self.padding}, "
+                f"dilation={self.dilation}, groups={self.groups}, scale={self.scale}, "
+                f"zero_point={self.zero_point}, relu={self.relu}, algo={self.algo!r}")
+
+    @classmethod
+    def from_quantized(cls, module: nn.Module, *, algo: str = "auto") -> QConv2d:
+        """From PyTorch's quantized ``Conv2d`` or ``ConvReLU2d`` (same weights, bias,
+        scales, zero points and geometry)."""
+        conv_cls, conv_relu_cls = _quantized_classes()
+        if not isinstance(module, conv_cls):
+            raise TypeError(f"module must be a torch.ao.nn.quantized.Conv2d or ConvReLU2d, "
+                            f"got {type(module).__name__}")
+        m: Any = module
+        if m.padding_mode != "zeros":
+            raise ConvSetupError(f"padding_mode={m.padding_mode!r}: QConv2d supports 'zeros'")
+        w = m.weight()
+        if w.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+            w_scale, w_zp = w.q_scale(), w.q_zero_point()
+        elif w.q_per_channel_axis() == 0:
+            w_scale, w_zp = w.q_per_channel_scales(), w.q_per_channel_zero_points()
+        else:
+            raise ConvSetupError(f"per-channel weights must be quantized along axis 0 "
+                                 f"(output channels), got axis {w.q_per_channel_axis()}")
+        return cls(
+            w.int_repr(), w_scale, w_zp, m.bias(), stride=m.stride, padding=m.padding,
+            dilation=m.dilation, groups=m.groups, scale=m.scale, zero_point=m.zero_point,
+            relu=isinstance(module, conv_relu_cls), algo=algo,
+        )
+
+    @classmethod
+    def from_float(
+        cls,
+        module: nn.Module,
+        *,
+        scale: float | None = None,
+        zero_point: int | None = None,
+        relu: bool = False,
+        per_channel: bool = True,
+        algo: str = "auto",
+    ) -> QConv2d:
+        """From a float ``nn.Conv2d``.
+
+        An observed module (after ``torch.ao.quantization.prepare`` and calibration,
+        plain or fused with ReLU) is converted exactly as PyTorch's ``convert`` would
+        convert it. Otherwise give the output ``scale`` and ``zero_point``; weights are
+        then quantized to int8 by PyTorch's symmetric min/max observer (per output
+        channel unless ``per_channel=False``).
+        """
+        conv_cls, conv_relu_cls = _quantized_classes()
+        if hasattr(module, "activation_post_process"):
+            fused = not isinstance(module, nn.Conv2d)  # torch.ao.nn.intrinsic.ConvReLU2d
+            target: Any = conv_relu_cls if fused else conv_cls
+            return cls.from_quantized(target.from_float(module), algo=algo)
+        if not isinstance(module, nn.Conv2d):
+            raise TypeError(f"module must be an nn.Conv2d, got {type(module).__name__}")
+        if scale is None or zero_point is None:
+            raise ConvSetupError(
+                "from_float on an unobserved nn.Conv2d needs the output scale and "
+                "zero_point (or prepare and calibrate it with torch.ao.quantization first)"
+            )
+        from torch.ao.quantization import MinMaxObserver, PerChannelMinMaxObserver
+
+        observer: Any = (
+            PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8,
+                                     qscheme=torch.per_channel_symmetric)
+            if per_channel
+            else MinMaxObserver(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric)
+        )
+        weight = module.weight.detach().float()
+        observer(weight)
+        w_scale, w_zp = observer.calculate_qparams()
+        if per_channel:
+            wq = torch.quantize_per_channel(weight, w_scale.double(), w_zp, 0, torch.qint8)
+        else:
+            wq = torch.quantize_per_tensor(weight, float(w_scale), int(w_zp), torch.qint8)
+        q: Any = (conv_relu_cls if relu else conv_cls)(
+            module.in_channels, module.out_channels, module.kernel_size, module.stride,
+            module.padding, module.dilation, module.groups, module.bias is not None,
+            module.padding_mode,
+        )
+        q.set_weight_bias(wq, None if module.bias is None else module.bias.detach().float())
+        q.scale, q.zero_point = float(scale), int(zero_point)
+        return cls.from_quantized(q, algo=algo)
