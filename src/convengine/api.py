@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import select
+from . import gpu, select
 from .errors import ConvSetupError
 from .problem import (
     ConvProblem,
@@ -259,6 +259,9 @@ def conv(
     x ``(N, C, *S)`` and w ``(O, C // groups, *K)`` in NCHW, or x ``(N, *S, C)`` and
     w ``(O, *K, C // groups)`` in NHWC; bias ``(O,)``. Returns y in the same layout.
     """
+    if gpu.wanted(algo, x, w):  # CUDA operands or a GPU algo: convengine.gpu
+        return gpu.route("conv", x, w, bias, stride=stride, padding=padding, dilation=dilation,
+                         groups=groups, layout=layout, algo=algo)
     x, w = as_array(x, "x"), as_array(w, "w")
     problem, chosen, run = _resolve_call(
         _call_key("forward", x, w, bias is None, stride, padding, dilation, groups, layout,
@@ -283,6 +286,10 @@ def conv_backward_data(
     algo: str = "auto",
 ) -> np.ndarray:
     """Gradient of :func:`conv` w.r.t. x: dy ``(N, O, *S_out)`` -> dx of ``input_shape``."""
+    if gpu.wanted(algo, dy, w):
+        return gpu.route("conv_backward_data", dy, w, input_shape, stride=stride,
+                         padding=padding, dilation=dilation, groups=groups, layout=layout,
+                         algo=algo)
     dy, w = as_array(dy, "dy"), as_array(w, "w")
     problem, chosen, run = _resolve_call(
         _call_key("backward_data", dy, w, input_shape, stride, padding, dilation, groups,
@@ -306,6 +313,10 @@ def conv_backward_weight(
     algo: str = "auto",
 ) -> np.ndarray:
     """Gradient of :func:`conv` w.r.t. w: (x, dy) -> dw of ``weight_shape``."""
+    if gpu.wanted(algo, x, dy):
+        return gpu.route("conv_backward_weight", x, dy, weight_shape, stride=stride,
+                         padding=padding, dilation=dilation, groups=groups, layout=layout,
+                         algo=algo)
     x, dy = as_array(x, "x"), as_array(dy, "dy")
     problem, chosen, run = _resolve_call(
         _call_key("backward_weight", x, dy, weight_shape, stride, padding, dilation, groups,
@@ -333,6 +344,10 @@ def conv_transpose(
 
     Output size per dim: ``(S - 1) * stride - lo - hi + dilation * (K - 1) + 1 + output_padding``.
     """
+    if gpu.wanted(algo, x, w):
+        return gpu.route("conv_transpose", x, w, bias, stride=stride, padding=padding,
+                         output_padding=output_padding, dilation=dilation, groups=groups,
+                         layout=layout, algo=algo)
     x, w = as_array(x, "x"), as_array(w, "w")
     problem, chosen, run = _resolve_call(
         _call_key("transpose", x, w, bias is None, stride, padding, output_padding, dilation,
@@ -372,5 +387,7 @@ def explain(*args: Any, pass_: str = "forward", **kwargs: Any) -> select.Explana
     if pass_ not in _BUILDERS:
         raise ConvSetupError(f"unknown pass_ {pass_!r}; expected one of {tuple(_BUILDERS)}")
     kwargs.pop("algo", None)
+    if gpu.wanted(None, *args):  # CUDA operands: the GPU algorithms' verdicts
+        return gpu.route("explain", pass_, *args, **kwargs)
     arrays = [as_array(a, f"argument {i}") if hasattr(a, "shape") else a for i, a in enumerate(args)]
     return select.explain_problem(_BUILDERS[pass_](*arrays, **kwargs))

@@ -117,9 +117,16 @@ def _check_pass(pass_: str) -> None:
         raise ConvSetupError(f"unknown pass {pass_!r}; expected one of {PASSES}")
 
 
-def algorithms(pass_: str = "forward") -> list[str]:
-    """Names of the algorithms registered for a pass, in registration order."""
+def algorithms(pass_: str = "forward", device: str = "cpu") -> list[str]:
+    """Names of the algorithms registered for a pass, in registration order;
+    ``device="cuda"``: the GPU (Triton) algorithms of :mod:`convengine.gpu`."""
     _check_pass(pass_)
+    if device == "cuda":
+        from . import gpu
+
+        return gpu.algorithms(pass_)
+    if device != "cpu":
+        raise ConvSetupError(f"device must be 'cpu' or 'cuda', got {device!r}")
     return list(_REGISTRY[pass_])
 
 

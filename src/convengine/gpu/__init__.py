@@ -46,3 +46,14 @@ def algorithms(pass_: str = "forward") -> list[str]:
 
         raise ConvSetupError(f"unknown pass {pass_!r}; expected one of {PASSES}")
     return list(NAMES)
+
+
+def route(call: str, *args: Any, **kwargs: Any) -> Any:
+    """Run the public call ``call`` ("conv", "qconv", ...) on the GPU path."""
+    if call == "qconv":
+        from . import quant
+
+        return quant.qconv(*args, **kwargs)
+    from . import dispatch
+
+    return getattr(dispatch, call)(*args, **kwargs)

@@ -131,10 +131,10 @@ def launch_wgrad(problem: ConvProblem, x: torch.Tensor, dy: torch.Tensor, dw: to
         return
     bp, bn = tuning.wgrad_direct_blocks(o * cg)
     taps = kd * kh * kw
-    grid = (triton.cdiv(o * cg, bn), taps)
-    kernels.wgrad_direct_kernel[grid](x, dy, dw, p, o, o // problem.groups, cg, c, taps,
-                                      xd, xh, xw, pd, ph, pw, kh, kw, *geo,
-                                      BLOCK_P=bp, BLOCK_N=bn)
+    grid_direct = (triton.cdiv(o * cg, bn), taps)
+    kernels.wgrad_direct_kernel[grid_direct](x, dy, dw, p, o, o // problem.groups, cg, c, taps,
+                                             xd, xh, xw, pd, ph, pw, kh, kw, *geo,
+                                             BLOCK_P=bp, BLOCK_N=bn)
 
 
 def _run_forward(direct: bool) -> Callable[..., torch.Tensor]:

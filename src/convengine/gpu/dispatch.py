@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from .. import api
+from .. import api, select
 from ..errors import ConvSetupError
 from ..problem import ConvProblem
 from . import NAMES, tuning
@@ -44,7 +44,8 @@ def as_tensor(a: Any, name: str) -> torch.Tensor:
                     f"{type(a).__name__}")
 
 
-def meta(t: torch.Tensor) -> Meta:
+def meta(t: torch.Tensor) -> Any:
+    """A :class:`Meta` of ``t``, which the builders read as they read an ndarray."""
     dtype = NUMPY_DTYPES.get(t.dtype)
     if dtype is None:
         raise ConvSetupError(f"unsupported dtype {t.dtype}; expected float32, float16 or bfloat16")
@@ -176,6 +177,16 @@ def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding
     return restore(y, problem.x_shape("NHWC"), problem.layout)
 
 
-def explain_lines(problem: ConvProblem) -> list[tuple[str, str | None]]:
-    """(GPU algorithm, None or the reason it cannot serve ``problem``) per algorithm."""
-    return [(name, a.supports(problem)) for name, a in ALGORITHMS[problem.pass_].items()]
+def explain(pass_: str, *args: Any, **kwargs: Any) -> select.Explanation:
+    """:func:`convengine.explain` for device operands: the GPU algorithms' verdicts."""
+    metas = [meta(as_tensor(a, f"argument {i}")) if hasattr(a, "shape") else a
+             for i, a in enumerate(args)]
+    problem = api._BUILDERS[pass_](*metas, **kwargs)
+    table = ALGORITHMS[problem.pass_]
+    verdicts = {name: a.supports(problem) for name, a in table.items()}
+    supported = tuple(n for n, why in verdicts.items() if why is None)
+    return select.Explanation(
+        problem, choose(problem, "auto").name, supported,
+        {n: why for n, why in verdicts.items() if why is not None},
+        {n: table[n].workspace_bytes(problem) for n in supported},
+        source="GPU operands: the implicit GEMM where it serves, else the direct kernel")

@@ -205,11 +205,11 @@ def direct_kernel(
 
 @triton.jit
 def wgrad_kernel(
-    x_ptr, dy_ptr, dw_ptr, P, O, C, XD, XH, XW, PD, PH, PW, KH, KW,
+    x_ptr, dy_ptr, dw_ptr, P, NO, C, XD, XH, XW, PD, PH, PW, KH, KW,
     SD, SH, SW, PAD_D, PAD_H, PAD_W, DLD, DLH, DLW, TF32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """dw ``(O, T, C)`` [o, tap, c] = sum over the ``P`` output positions of
+    """dw ``(NO, T, C)`` [o, tap, c] = sum over the ``P`` output positions of
     dy[p, o] * x[in(p, tap), c], groups == 1; program axis 2 is the tap."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -218,7 +218,7 @@ def wgrad_kernel(
     kh = (tap // KW) % KH
     kd = tap // (KW * KH)
     rk = tl.arange(0, BLOCK_K)
-    o_ok = rm < O
+    o_ok = rm < NO
     c_ok = rn < C
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for p0 in range(0, P, BLOCK_K):
@@ -234,7 +234,7 @@ def wgrad_kernel(
         i_w, ok_w = _coord(pw, kw, SW, PAD_W, DLW, 1, XW)
         inside = (p < P) & ok_d & ok_h & ok_w
         row = (((n * XD + i_d) * XH + i_h) * XW + i_w).to(tl.int64) * C
-        dyt = tl.load(dy_ptr + p.to(tl.int64)[None, :] * O + rm[:, None],
+        dyt = tl.load(dy_ptr + p.to(tl.int64)[None, :] * NO + rm[:, None],
                       mask=(p < P)[None, :] & o_ok[:, None], other=0)
         xt = tl.load(x_ptr + row[:, None] + rn[None, :], mask=inside[:, None] & c_ok[None, :],
                      other=0)
@@ -248,18 +248,18 @@ def wgrad_kernel(
 
 @triton.jit
 def wgrad_direct_kernel(
-    x_ptr, dy_ptr, dw_ptr, P, O, OG, CG, C, T, XD, XH, XW, PD, PH, PW, KH, KW,
+    x_ptr, dy_ptr, dw_ptr, P, NO, OG, CG, C, T, XD, XH, XW, PD, PH, PW, KH, KW,
     SD, SH, SW, PAD_D, PAD_H, PAD_W, DLD, DLH, DLW,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Grouped dw ``(O, T, CG)``: each program sums over all positions for BLOCK_N
+    """Grouped dw ``(NO, T, CG)``: each program sums over all positions for BLOCK_N
     flattened (o, r) pairs of one tap (program axis 1), fp32 FMAs."""
     q = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     tap = tl.program_id(1)
     kw = tap % KW
     kh = (tap // KW) % KH
     kd = tap // (KW * KH)
-    q_ok = q < O * CG
+    q_ok = q < NO * CG
     o = q // CG
     c = (o // OG) * CG + q % CG
     acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
@@ -276,7 +276,7 @@ def wgrad_direct_kernel(
         i_w, ok_w = _coord(pw, kw, SW, PAD_W, DLW, 1, XW)
         inside = (p < P) & ok_d & ok_h & ok_w
         row = (((n * XD + i_d) * XH + i_h) * XW + i_w).to(tl.int64) * C
-        dy = tl.load(dy_ptr + p.to(tl.int64)[:, None] * O + o[None, :],
+        dy = tl.load(dy_ptr + p.to(tl.int64)[:, None] * NO + o[None, :],
                      mask=(p < P)[:, None] & q_ok[None, :], other=0.0)
         x = tl.load(x_ptr + row[:, None] + c[None, :], mask=inside[:, None] & q_ok[None, :],
                     other=0.0)

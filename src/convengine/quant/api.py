@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import gpu
 from ..errors import ConvSetupError
 from ..problem import ConvProblem, as_array, make_problem
 from ..threads import get_num_threads
@@ -147,6 +148,12 @@ def qconv(
     ``out_zero_point``. ``out_dtype=np.int32`` returns the accumulator (plus an
     int32 bias if given), as ONNX ConvInteger; scales other than x/w are then unused.
     """
+    if gpu.wanted(algo, x_q, w_q):  # CUDA operands or a GPU algo: convengine.gpu
+        return gpu.route(
+            "qconv", x_q, x_scale, x_zero_point, w_q, w_scale, w_zero_point, bias,
+            out_scale=out_scale, out_zero_point=out_zero_point, out_dtype=out_dtype, relu=relu,
+            bias_mode=bias_mode, stride=stride, padding=padding, dilation=dilation,
+            groups=groups, layout=layout, algo=algo)
     x = _int_array(x_q, "x_q", ("uint8", "int8"))
     w = _int_array(w_q, "w_q", ("int8", "uint8"))
     args = (x.shape, x.dtype, w.shape, w.dtype, x_scale, x_zero_point, w_scale, w_zero_point,
