@@ -1,9 +1,10 @@
-"""The ``convengine`` command: bench, tune, cache, explain.
+"""The ``convengine`` command: bench, tune, cache, explain, demo.
 
     convengine bench [--suite resnet50] [--pass fwd,bwd_data,bwd_weight] [--compare torch]
     convengine tune --suite all
     convengine cache show | clear | export FILE | import FILE [--force]
     convengine explain --x 8,64,56,56 --w 64,64,3,3 --padding 1
+    convengine demo [--epochs 8] [--seed 0] [--out DIR]
 
 Tables go to stdout, progress bars to stderr (on a terminal, unless ``--quiet``);
 ``--json FILE`` writes the results as JSON (``-``: to stdout, instead of the table).
@@ -397,6 +398,21 @@ def _common(p: argparse.ArgumentParser, json_help: str) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Train, quantize and serve the digits CNN (:mod:`convengine.demo`)."""
+    try:
+        from . import demo
+
+        result = demo.run(epochs=args.epochs, seed=args.seed, out=args.out,
+                          progress=sys.stderr.isatty())
+    except ImportError as exc:
+        print(f"convengine demo: {exc}; install the extra: pip install 'convengine[demo]'",
+              file=sys.stderr)
+        return 2
+    print(demo.summary(result))
+    return 0
+
+
 def _suite_args(p: argparse.ArgumentParser, default_pass: str, threads: int | None) -> None:
     p.add_argument("--suite", default="resnet50", choices=[*suites.suite_names(), "all"],
                    help="layer suite (default resnet50)")
@@ -458,6 +474,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tune", action="store_true", help="tune the problem first")
     _common(p, "the explanation")
     p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("demo", help="train a small CNN on the digits, quantize it to int8, "
+                                    "serve it (extra demo)")
+    p.add_argument("--epochs", type=int, default=8, help="training epochs (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="split, init and batch order (default 0)")
+    p.add_argument("--out", default="convengine-demo",
+                   help="directory for demo.png and demo.json (default convengine-demo)")
+    p.set_defaults(func=cmd_demo)
     return top
 
 
