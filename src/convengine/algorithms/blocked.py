@@ -25,8 +25,10 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..registry import register
+from ._common import too_large
 from ._fma import row_pointers, splat, store_rows
 
 MR = 6  # output pixels per micro-tile (a row segment)
@@ -94,10 +96,13 @@ def _driver(nvec: int) -> Any:
     """The compiled forward for ``NR = 16 * nvec`` output channels per micro-tile:
     ``run(xp (N,Hp,Wp,C), wp (O/NR,KH,KW,C,NR), y (N,OH,OW,O), sh, sw, dh, dw)``."""
     mr = MR * 4 // nvec  # 24 accumulators whatever NR is
-    ukernel = _make_ukernel(mr, nvec)
     nr = VEC * nvec
+    # compiled in a kernel module, cached on disk (numba's own cache cannot key a
+    # closure over an intrinsic)
+    src = Source(__name__, f"blocked_nr{nr}")
+    src.expr("ukernel", f"_make_ukernel({mr}, {nvec})")
+    ukernel = None  # bound in the kernel module
 
-    @njit(parallel=True, nogil=True, cache=True)
     def run(xp, wp, y, sh, sw, dh, dw):  # noqa: PLR0913
         n_, hp, wpx, c_ = xp.shape
         blocks, kh_, kw_ = wp.shape[0], wp.shape[1], wp.shape[2]
@@ -116,7 +121,8 @@ def _driver(nvec: int) -> Any:
                 ukernel(xf, x_off, sw * c_, dh * wpx * c_, dw * c_, kh_, taps, run_len,
                         wf, ob * wblock, min(mr, ow_ - ow0), yf, y_off, o_)
 
-    return run
+    src.function(run, parallel=True, nogil=True)
+    return load(src).run
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -162,7 +168,7 @@ def _supports(problem: ConvProblem) -> str | None:
         return f"1-D and 2-D only (got {problem.ndim}-D)"
     if problem.out_channels % VEC:
         return f"output channels must be a multiple of {VEC} (got {problem.out_channels})"
-    return None
+    return too_large(problem, _workspace(problem), "the padded copy of x and packed weights")
 
 
 def _as2d(a: np.ndarray, ndim: int) -> np.ndarray:

@@ -39,6 +39,7 @@ from numba import njit, prange, types
 from numba.core import cgutils, cpu, options
 from numba.extending import intrinsic
 
+from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..threads import get_num_threads
 from ._fma import VECTOR_BYTES, vector_ops  # one zmm: 16 float32 or 8 float64
@@ -294,21 +295,24 @@ def depthwise2d_kernel(  # noqa: PLR0913
     key = (kh_, kw_, sw_, dh_, dw_, streaming)
     if key in _KERNELS:
         return _KERNELS[key]
-    scope: dict[str, Any] = {"VECTOR_BYTES": VECTOR_BYTES, "OW_BLOCK": OW_BLOCK, "NVEC": NVEC}
+    # the kernel module (compiled once, cached on disk): the register blocks, the
+    # generated span and edge functions over them, task and kernel below
+    src = Source(__name__, f"depthwise_{kh_}x{kw_}_s{sw_}_d{dh_}x{dw_}"
+                 f"{'_streaming' if streaming else ''}")
     for width in range(1, OW_BLOCK + 1):
-        scope[f"block{width}"] = _block_intrinsic(kh_, kw_, sw_, dw_, width,
-                                                  streaming=streaming)
+        src.expr(f"block{width}", f"_block_intrinsic({kh_}, {kw_}, {sw_}, {dw_}, {width}, "
+                 f"streaming={streaming})")
     for j0 in range(kw_):
         for j1 in range(j0 + 1, kw_ + 1):
-            scope[f"edge_{j0}_{j1}"] = _block_intrinsic(kh_, kw_, sw_, dw_, 1, j0, j1,
-                                                        streaming)
-    exec(_span_source(sw_), scope)  # noqa: S102
-    exec(_edge_source(kw_), scope)  # noqa: S102
-    span = njit(**NOALIAS)(scope["span"])
-    edge = njit(**NOALIAS)(scope["edge"])
+            src.expr(f"edge_{j0}_{j1}", f"_block_intrinsic({kh_}, {kw_}, {sw_}, {dw_}, 1, "
+                     f"{j0}, {j1}, {streaming})")
+    src.code(_span_source(sw_), "span")
+    src.code(_edge_source(kw_), "edge")
+    src.jit("span", **NOALIAS)
+    src.jit("edge", **NOALIAS)
+    span = edge = None  # bound in the kernel module
     reach = (kw_ - 1) * dw_ + 1  # input columns one output pixel reads
 
-    @njit(**NOALIAS)
     def task(x, wk, y, buf, r0, r1, c0, sh, ph, pw):  # noqa: PLR0913
         """Output rows r0:r1 (over n and oh) of channels c0:c0+cb, cb = buf.shape[2].
         Pixels read x in place: tap rows above or below x masked off, the first and
@@ -377,7 +381,11 @@ def depthwise2d_kernel(  # noqa: PLR0913
                  c0, sh, ph, pw)
         return y
 
-    _KERNELS[key] = (njit(parallel=True, nogil=True)(kernel), njit(nogil=True)(kernel))
+    src.function(task, **NOALIAS)
+    src.function(kernel, "parallel", parallel=True, nogil=True)
+    src.function(kernel, "serial", nogil=True)
+    module = load(src)
+    _KERNELS[key] = (module.parallel, module.serial)
     return _KERNELS[key]
 
 

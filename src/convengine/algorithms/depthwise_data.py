@@ -17,9 +17,8 @@ no division or bounds check in them (the generic direct loops spend most of thei
 time on the ``%`` and ``//`` deciding whether a tap reaches a pixel); a pixel no tap
 reaches is zeroed. The work is one task per thread, a block of dx rows, or all on
 the calling thread below SERIAL_MACS multiply-adds. dx starts on a cache line (from
-32 MiB in a numpy buffer, with huge pages: ``depthwise.output_buffer``). The helpers
-are cached on disk; the kernels calling ``depthwise._cache_line_aligned`` are not
-(numba would not see a change there).
+32 MiB in a numpy buffer, with huge pages: ``depthwise.output_buffer``). Everything is
+cached on disk (the kernels in a kernel module, see ``_kernel_cache``).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
+from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..threads import get_num_threads
 from .depthwise import (
@@ -117,8 +117,15 @@ def _kernel(dy, w, h_, w_, sh, sw, ph, pw, dh, dw, parts, raw):  # noqa: PLR0913
     return dx
 
 
-_parallel = njit(parallel=True, nogil=True)(_kernel)
-_serial = njit(nogil=True)(_kernel)
+@functools.cache
+def _kernels() -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
+    """``_kernel`` compiled (parallel, serial) in a kernel module, cached on disk (its
+    name covers depthwise.py, whose ``_cache_line_aligned`` it calls)."""
+    src = Source(__name__, "depthwise_data")
+    src.function(_kernel, "parallel", parallel=True, nogil=True)
+    src.function(_kernel, "serial", nogil=True)
+    module = load(src)
+    return module.parallel, module.serial
 
 
 class Plan(NamedTuple):
@@ -158,9 +165,9 @@ def _backward_data_plan(problem: ConvProblem, threads: int) -> Plan | None:
                 *_as2d(problem.dilation, 1))
     rows = n * h_
     if threads == 1 or rows == 1 or math.prod(dy4) * kh_ * kw_ < SERIAL_MACS:
-        kernel, parts = _serial, 1
+        kernel, parts = _kernels()[1], 1
     else:
-        kernel, parts = _parallel, min(threads, rows)
+        kernel, parts = _kernels()[0], min(threads, rows)
     return Plan(kernel, dy4, (c, kh_, kw_), problem.x_shape("NHWC"),
                 (h_, w_, *geometry, parts), n * h_ * w_ * c)
 

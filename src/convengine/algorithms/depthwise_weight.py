@@ -33,10 +33,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..threads import get_num_threads
 from ._fma import vector_ops
@@ -204,10 +205,13 @@ def weight_kernel(
     key = (kh_, kw_, sw_, dw_)
     if key in _KERNELS:
         return _KERNELS[key]
-    rows = _rows_intrinsic(kh_, kw_, sw_, dw_)
+    # the kernel module (compiled once, cached on disk): the rows intrinsic, task and
+    # kernel below
+    src = Source(__name__, f"depthwise_weight_{kh_}x{kw_}_s{sw_}_d{dw_}")
+    src.expr("rows", f"_rows_intrinsic({kh_}, {kw_}, {sw_}, {dw_})")
+    rows = None  # bound in the kernel module
     reach = (kw_ - 1) * dw_ + 1  # input columns one output pixel reads
 
-    @njit(**NOALIAS)
     def task(x, dy, acc, r0, r1, sh, ph, pw, dh, band):  # noqa: PLR0913
         """acc (KH*KW, C) <- the sums over output rows r0:r1 (over n and oh)."""
         h_, w_, c_ = x.shape[1], x.shape[2], x.shape[3]
@@ -248,7 +252,11 @@ def weight_kernel(
                     s += part[p, t, c]
                 dw[c, t] = s
 
-    _KERNELS[key] = (njit(parallel=True, nogil=True)(kernel), njit(nogil=True)(kernel))
+    src.function(task, **NOALIAS)
+    src.function(kernel, "parallel", parallel=True, nogil=True)
+    src.function(kernel, "serial", nogil=True)
+    module = load(src)
+    _KERNELS[key] = (module.parallel, module.serial)
     return _KERNELS[key]
 
 

@@ -33,11 +33,12 @@ import numpy as np
 from numba import njit, prange
 
 from .. import registry
+from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..registry import register
 from ..threads import get_num_threads
 from ._finite import nonfinite
-from ._fma import MR, gemm_6xnr, lanes, make_sandwich, nr
+from ._fma import MR, gemm_6xnr, lanes, make_sandwich, nr  # noqa: F401  (kernel modules)
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_weight
 from .direct import NOALIAS
 
@@ -156,22 +157,25 @@ def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
     if key in _KERNELS:
         return _KERNELS[key]
     bth, btw, _, _, ath, atw = _matrices(ndim, m)
-    scope: dict[str, Any] = {"F": np.dtype(dtype).type}
-    exec(_sandwich_source(  # noqa: S102
-        "transform_in", "src, n, h0, w0, tmp, dst, t, lo", bth, btw,
-        "src[n, h0 + {k}, w0 + {j}, c]", "dst[{ij}, t, c]", "src.shape[3]"), scope)
-    exec(_sandwich_source(  # noqa: S102
-        "transform_out", "src, t, tmp, dst, n, h0, w0, k0, lo, nc, chk", ath, atw,
-        "src[{kj}, t, c]", "dst[n, h0 + {i}, w0 + {j}, k0 + c]", "nc", check=True), scope)
-    tail_in = njit(**NOALIAS)(scope["transform_in"])
-    tail_out = njit(**NOALIAS)(scope["transform_out"])
-    vector_in = make_sandwich(bth, btw, check=False)
-    vector_out = make_sandwich(ath, atw, check=True)
+    # the kernel module (compiled once, cached on disk): the transforms' scalar tails
+    # generated from the matrices, their vector intrinsics, and the functions below
+    src = Source(__name__, f"winograd_{ndim}d_f{m}_{key[2]}")
+    src.expr("F", f"np.{key[2]}")
+    src.code(_sandwich_source(
+        "tail_in", "src, n, h0, w0, tmp, dst, t, lo", bth, btw,
+        "src[n, h0 + {k}, w0 + {j}, c]", "dst[{ij}, t, c]", "src.shape[3]"), "tail_in")
+    src.code(_sandwich_source(
+        "tail_out", "src, t, tmp, dst, n, h0, w0, k0, lo, nc, chk", ath, atw,
+        "src[{kj}, t, c]", "dst[n, h0 + {i}, w0 + {j}, k0 + c]", "nc", check=True), "tail_out")
+    src.jit("tail_in", **NOALIAS)
+    src.jit("tail_out", **NOALIAS)
+    src.expr("vector_in", f"make_sandwich(*_matrices({ndim}, {m})[:2], check=False)")
+    src.expr("vector_out", f"make_sandwich(*_matrices({ndim}, {m})[4:], check=True)")
+    tail_in = tail_out = vector_in = vector_out = None  # bound in the kernel module
     ah, aw, mh, mw = bth.shape[0], btw.shape[0], ath.shape[0], atw.shape[0]
     alpha2, width = ah * aw, nr(np.dtype(dtype).itemsize)
     vec = lanes(np.dtype(dtype).itemsize)
 
-    @njit(**NOALIAS)
     def transform_in(src, n, h0, w0, tmp, v, t, chk):
         """Tile at src[n, h0:h0 + ah, w0:w0 + aw] -> v[:, t]."""
         _, h_, w_, c_ = src.shape
@@ -182,7 +186,6 @@ def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
         if lo < c_:
             tail_in(src, n, h0, w0, tmp, v, t, lo)
 
-    @njit(**NOALIAS)
     def transform_out(prod, t, tmp, y, n, h0, w0, k0, nc, chk):
         """prod[:, t, :nc] -> y[n, h0:h0 + mh, w0:w0 + mw, k0:k0 + nc]."""
         _, oh_, ow_, o_ = y.shape
@@ -193,7 +196,6 @@ def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
         if lo < nc:
             tail_out(prod, t, tmp, y, n, h0, w0, k0, lo, nc, chk)
 
-    @njit(parallel=True, **NOALIAS)
     def fused(x, up, y, pad_h, pad_w, tiles_h, tiles_w, block, parts_k,  # noqa: PLR0913
               v_all, prod_all, check):
         n_, h_, w_, c_ = x.shape
@@ -250,8 +252,11 @@ def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
                                 for c in range(nc):
                                     y[n, h0 + i, w0 + j, k0 + c] = res[0, i, j, c]
 
-    _KERNELS[key] = fused
-    return fused
+    src.function(transform_in, **NOALIAS)
+    src.function(transform_out, **NOALIAS)
+    src.function(fused, parallel=True, **NOALIAS)
+    _KERNELS[key] = load(src).fused
+    return _KERNELS[key]
 
 
 # --------------------------------------------------------------- weight transforms

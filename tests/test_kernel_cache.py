@@ -1,0 +1,172 @@
+"""The on-disk cache of generated kernels: loaded by later processes, stale entries
+never loaded, corrupt or unreadable ones compiled again with one warning, several
+processes filling it at once, the slow-compile log line."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from convengine import _kernel_cache as kc
+
+HOME = "convengine._kernel_cache"  # any importable module will do as the kernels' home
+
+
+def _scaler(k: int):  # noqa: ANN202
+    def scale(a):
+        return a * k + 1.0
+
+    return scale
+
+
+def _source(k: int, tag: str = "test_scale") -> kc.Source:
+    src = kc.Source(HOME, tag)
+    src.function(_scaler(k), nogil=True)
+    return src
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("CONVENGINE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kc, "_LOADED", {})
+    monkeypatch.setattr(kc, "_WARNED", set())
+    monkeypatch.setattr(kc, "_FINGERPRINTS", {})
+    return tmp_path / kc.SUBDIR
+
+
+def _run(cache_dir: Path, k: int) -> tuple[int, int, list[float]]:
+    """In a fresh process: (cache hits, cache misses, scale(k)([0, 1, 2]))."""
+    code = textwrap.dedent(f"""
+        import numpy as np, warnings
+        warnings.simplefilter("error")
+        from tests.test_kernel_cache import _source
+        from convengine import _kernel_cache as kc
+        f = kc.load(_source({k})).scale
+        out = f(np.arange(3.0))
+        print(sum(f.stats.cache_hits.values()), sum(f.stats.cache_misses.values()), *out)
+    """)
+    env = {**os.environ, "CONVENGINE_CACHE_DIR": str(cache_dir.parent)}
+    root = Path(__file__).parent.parent
+    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    hits, misses, *values = res.stdout.split()
+    return int(hits), int(misses), list(map(float, values))
+
+
+def test_a_later_process_loads_the_compiled_kernel(cache: Path) -> None:
+    assert _run(cache, 3)[1:] == (1, [1.0, 4.0, 7.0])
+    hits, misses, values = _run(cache, 3)
+    assert (hits, misses, values) == (1, 0, [1.0, 4.0, 7.0])
+    assert len(list(cache.glob("test_scale_*.py"))) == 1
+
+
+def test_stale_entries_are_never_loaded(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = kc.load(_source(2))
+    np.testing.assert_array_equal(first.scale(np.arange(3.0)), [1.0, 3.0, 5.0])
+    # another convengine version (or numba, llvmlite, CPU): another file, compiled anew
+    monkeypatch.setattr(kc, "__version__", "0.0.0-other")
+    monkeypatch.setattr(kc, "_FINGERPRINTS", {})
+    other = kc.load(_source(2))
+    assert other.__file__ != first.__file__
+    np.testing.assert_array_equal(other.scale(np.arange(3.0)), [1.0, 3.0, 5.0])
+    stats = other.scale.stats
+    assert sum(stats.cache_misses.values()) == 1 and not stats.cache_hits
+    # another source: another file
+    assert kc.load(_source(5)).__file__ not in (first.__file__, other.__file__)
+
+
+def _reload(k: int) -> object:
+    kc._LOADED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = kc.load(_source(k))
+        out = module.scale(np.arange(3.0))  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(out, np.arange(3.0) * k + 1.0)
+    return [w for w in caught if issubclass(w.category, kc.KernelCacheWarning)]
+
+
+def test_a_corrupt_module_file_is_compiled_again_with_one_warning(cache: Path) -> None:
+    path = Path(kc.load(_source(4)).__file__)  # type: ignore[arg-type]
+    path.write_text("def scale(a):\n    return a * 100\n")
+    caught = _reload(4)
+    assert len(caught) == 1 and "corrupt" in str(caught[0].message)
+    assert path.read_text() == _source(4).text  # rewritten whole
+    assert _reload(4) == []
+
+
+def test_corrupt_numba_files_are_compiled_again_with_one_warning(cache: Path) -> None:
+    kc.load(_source(6)).scale(np.arange(3.0))  # type: ignore[attr-defined]
+    files = list((cache / "__pycache__").glob("test_scale_*.nb*"))
+    assert files
+    for f in files:
+        f.write_bytes(b"\x80\x04garbage" + bytes(range(256)))
+    caught = _reload(6)
+    assert len(caught) == 1 and "does not load" in str(caught[0].message)
+
+
+def test_an_unreadable_entry_is_compiled_elsewhere_with_one_warning(cache: Path) -> None:
+    src = _source(7)
+    path = Path(kc.load(src).__file__)  # type: ignore[arg-type]
+    path.unlink()
+    path.mkdir()  # a directory where the module file should be
+    caught = _reload(7)
+    assert len(caught) == 1 and "cannot be read" in str(caught[0].message)
+
+
+def test_several_processes_filling_the_cache_at_once(cache: Path) -> None:
+    root = Path(__file__).parent.parent
+    code = ("import numpy as np; from tests.test_kernel_cache import _source; "
+            "from convengine import _kernel_cache as kc; "
+            "print(*kc.load(_source(9)).scale(np.arange(3.0)))")
+    env = {**os.environ, "CONVENGINE_CACHE_DIR": str(cache.parent)}
+    procs = [subprocess.Popen([sys.executable, "-W", "error", "-c", code], env=env, cwd=root,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+        assert list(map(float, out.split())) == [1.0, 10.0, 19.0]
+    assert len(list(cache.glob("test_scale_*.py"))) == 1
+    assert not list(cache.glob(".*tmp"))
+    hits, misses, values = _run(cache, 9)
+    assert (hits, misses, values) == (1, 0, [1.0, 10.0, 19.0])
+
+
+def test_a_slow_compile_logs_one_line(cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                      caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(kc, "SLOW_COMPILE_S", 0.0)
+    caplog.set_level(logging.INFO, logger="convengine")
+    f = kc.load(_source(11, tag="test_logged")).scale
+    f(np.arange(3.0))
+    f(np.arange(3.0))
+    lines = [r.getMessage() for r in caplog.records if r.name == "convengine"]
+    assert len(lines) == 1 and "test_logged" in lines[0], lines
+
+
+def test_source_refuses_unbound_closures_and_bad_tags() -> None:
+    helper = 1.5
+
+    def uses(a):
+        return a * helper
+
+    src = kc.Source(HOME, "t")
+    src.function(uses)  # a float: bound as a literal
+    assert "helper = 1.5" in src.text
+    obj = object()
+
+    def needs(a):
+        return obj
+
+    with pytest.raises(ValueError, match="obj"):
+        kc.Source(HOME, "t").function(needs)
+    with pytest.raises(ValueError, match="tag"):
+        kc.Source(HOME, "a-b")
