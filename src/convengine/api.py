@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import gpu, select
+from . import gpu, nan_rule, select
 from .errors import ConvSetupError
 from .problem import (
     ConvProblem,
@@ -25,6 +25,7 @@ from .problem import (
     check_shape,
     make_problem,
     normalize_padding,
+    shape_tuple,
     spatial_tuple,
     split_shape,
     to_int,
@@ -65,11 +66,17 @@ def _execute(
     if nchw:
         a, b = np.moveaxis(a, 1, -1), np.moveaxis(b, 1, -1)
     a, b = np.ascontiguousarray(a, dtype=dtype), np.ascontiguousarray(b, dtype=dtype)
+    if nan_rule.reference_before(problem, algorithm, b):  # one NaN rule for every algorithm
+        algorithm = nan_rule.reference(problem)
+        run = algorithm.bind(problem)
     if algorithm.numpy_math:
         with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf propagate silently
             out = run(a, b)
     else:  # compiled code raises no numpy warnings (errstate costs 7-18 us cold)
         out = run(a, b)
+    if nan_rule.reference_after(problem, algorithm, out):
+        with np.errstate(invalid="ignore", over="ignore"):
+            out = nan_rule.reference(problem).run(problem, a, b)
     if bias is not None:
         with np.errstate(invalid="ignore", over="ignore"):
             out += bias
@@ -233,10 +240,7 @@ def transpose_problem(
 
 
 def _shape(value: Any, name: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in value)
-    except TypeError:
-        raise TypeError(f"{name} must be a sequence of ints, got {value!r}") from None
+    return shape_tuple(value, name)
 
 
 # ---------------------------------------------------------------- public calls

@@ -33,6 +33,13 @@ Pair = tuple[int, int]
 
 FLOAT32, FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
 
+MAX_ELEMENTS = 2**31
+"""The most values any array a call allocates may hold (the result, a padded copy, an
+algorithm's workspace: 8 GiB of float32), and the largest padded extent, stride,
+dilation or dilated kernel extent of any spatial dim. Problems over it are a
+ConvSetupError before anything is allocated; algorithms whose workspace would exceed
+it refuse the problem. Assign ``convengine.problem.MAX_ELEMENTS`` to change it."""
+
 
 @dataclass(frozen=True)
 class ConvProblem:
@@ -214,11 +221,12 @@ def check_float_dtypes(**arrays: np.ndarray) -> str:
     if len(kinds) == 1 and (kind := kinds.pop()) in FLOAT_DTYPES:
         return kind
     listing = ", ".join(f"{arg}.dtype={dt}" for arg, dt in names.items())
-    for arg, dt in names.items():
-        if float_dtype_name(np.dtype(dt)) is None:
+    for arg, a in arrays.items():
+        dt = names[arg]
+        if dt not in FLOAT_DTYPES:
             hint = (
                 " (integer convolution belongs to the quantized API, convengine.qconv)"
-                if np.issubdtype(np.dtype(dt), np.integer) or dt == "bool"
+                if np.issubdtype(a.dtype, np.integer) or dt == "bool"
                 else ""
             )
             raise ConvSetupError(
@@ -241,6 +249,56 @@ def to_int(value: Any, name: str) -> int:
         raise TypeError(
             f"{name} must be an int or a sequence of ints, got {value!r}"
         ) from None
+
+
+def shape_tuple(value: Any, name: str) -> tuple[int, ...]:
+    """A shape argument (``input_shape``, ``weight_shape``): a sequence (or 1-D integer
+    array) of ints, numpy integers included; TypeError naming ``name`` otherwise."""
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(value).__name__} "
+                        f"{value!r}")
+    shape = []
+    for v in value:
+        if isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{name} must be a sequence of ints, got {value!r}")
+        try:
+            shape.append(operator.index(v))
+        except TypeError:
+            raise TypeError(f"{name} must be a sequence of ints, got {value!r} "
+                            f"({type(v).__name__} {v!r} in it)") from None
+    return tuple(shape)
+
+
+def check_elements(shape: Sequence[int], name: str, why: str) -> None:
+    """ConvSetupError if an array of ``shape`` would hold more than MAX_ELEMENTS values."""
+    count = math.prod(shape)
+    if count > MAX_ELEMENTS:
+        raise ConvSetupError(
+            f"{name} would have shape {tuple(shape)}: {count:,} elements, more than the "
+            f"{MAX_ELEMENTS:,} allowed (convengine.problem.MAX_ELEMENTS); {why}"
+        )
+
+
+def _check_extents(
+    in_size: Sequence[int],
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[Pair],
+    dilation: Sequence[int],
+) -> None:
+    """Every padded extent, stride, dilation and dilated kernel extent within MAX_ELEMENTS
+    (the kernels index in int64; nothing that large is a convolution)."""
+    for i, (n, k, s, (lo, hi), d) in enumerate(zip(in_size, kernel, stride, padding, dilation)):
+        for name, value in (("padding", n + lo + hi), ("stride", s), ("dilation", d),
+                            ("dilation", d * (k - 1) + 1)):
+            if value > MAX_ELEMENTS:
+                raise ConvSetupError(
+                    f"{name} too large in spatial dim {i}: padded input {n} + {lo}+{hi}, "
+                    f"stride {s}, dilation {d}, kernel {k} give an extent of {value:,}, "
+                    f"more than {MAX_ELEMENTS:,} (convengine.problem.MAX_ELEMENTS)"
+                )
 
 
 def spatial_tuple(value: Any, ndim: int, name: str, minimum: int) -> tuple[int, ...]:
@@ -336,7 +394,8 @@ def output_size(
         if padded < extent:
             raise ConvSetupError(
                 f"kernel larger than the padded input in spatial dim {i}: dilated kernel "
-                f"extent {extent} > padded input {padded} (input {n} + padding {lo}+{hi}); "
+                f"extent {extent} > padded input {padded} (input {n} + padding {lo}+{hi}; "
+                f"kernel {k}, dilation {d}); "
                 f"the computed output size would be {size}"
             )
         out.append(size)
@@ -420,7 +479,7 @@ def build_problem(
     if pass_ not in PASSES:
         raise ConvSetupError(f"unknown pass {pass_!r}; expected one of {PASSES}")
     layout = check_layout(layout)
-    x_shape, w_shape = tuple(int(v) for v in x_shape), tuple(int(v) for v in w_shape)
+    x_shape, w_shape = shape_tuple(x_shape, x_name), shape_tuple(w_shape, w_name)
     ndim = _check_rank(x_shape, x_name)
     if len(w_shape) != len(x_shape):
         raise ConvSetupError(
@@ -452,7 +511,13 @@ def build_problem(
     stride_t = spatial_tuple(stride, ndim, "stride", 1)
     dilation_t = spatial_tuple(dilation, ndim, "dilation", 1)
     padding_t = normalize_padding(padding, in_size, kernel, stride_t, dilation_t)
+    _check_extents(in_size, kernel, stride_t, padding_t, dilation_t)
     out_size = output_size(in_size, kernel, stride_t, padding_t, dilation_t)
+    result = {"forward": ("the output y", (batch, out_channels, *out_size)),
+              "backward_data": (x_name, x_shape), "backward_weight": (w_name, w_shape)}
+    name, shape = result[pass_]
+    check_elements(shape, name, f"from {x_name} {x_shape}, {w_name} {w_shape}, stride "
+                   f"{stride_t}, padding {padding_t}, dilation {dilation_t}")
     return ConvProblem(
         pass_=pass_,
         layout=layout,

@@ -8,7 +8,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import problem as limits
 from ..problem import ConvProblem
+
+
+def too_large(problem: ConvProblem, workspace_bytes: int, what: str = "workspace") -> str | None:
+    """The reason to refuse a problem whose workspace (bytes) would hold more than
+    ``convengine.problem.MAX_ELEMENTS`` values of its compute dtype, else None."""
+    values = workspace_bytes // problem.compute_dtype.itemsize
+    if values > limits.MAX_ELEMENTS:
+        return (f"{what} of {values:,} values exceeds convengine.problem.MAX_ELEMENTS "
+                f"({limits.MAX_ELEMENTS:,})")
+    return None
 
 
 def pad_spatial(x: np.ndarray, problem: ConvProblem) -> np.ndarray:

@@ -28,6 +28,7 @@ from numba.extending import intrinsic
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..registry import register
+from ._common import too_large
 from ._fma import row_pointers, splat, store_rows
 
 MR = 6  # output pixels per micro-tile (a row segment)
@@ -167,7 +168,7 @@ def _supports(problem: ConvProblem) -> str | None:
         return f"1-D and 2-D only (got {problem.ndim}-D)"
     if problem.out_channels % VEC:
         return f"output channels must be a multiple of {VEC} (got {problem.out_channels})"
-    return None
+    return too_large(problem, _workspace(problem), "the padded copy of x and packed weights")
 
 
 def _as2d(a: np.ndarray, ndim: int) -> np.ndarray:

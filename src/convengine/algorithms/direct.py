@@ -29,14 +29,15 @@ from numba import njit, prange
 from ..problem import ConvProblem
 from ..registry import register
 from . import depthwise, depthwise_data
+from ._common import too_large
 from .depthwise import NOALIAS, forward_plan
 from .depthwise_weight import backward_weight_plan
 
 __all__ = ["NOALIAS"]  # re-exported for the other generated kernels
 
 
-def _supports(problem: ConvProblem) -> None:
-    return None
+def _supports(problem: ConvProblem) -> str | None:
+    return too_large(problem, _workspace(problem))
 
 
 def _geometry(problem: ConvProblem) -> tuple[tuple[int, ...], ...]:

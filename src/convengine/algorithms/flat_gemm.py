@@ -34,6 +34,7 @@ from .. import registry
 from ..problem import ConvProblem
 from ..registry import register
 from ..threads import get_num_threads, run_parallel, single_threaded_blas
+from ._common import too_large
 from ._finite import nonfinite
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_weight
 
@@ -50,8 +51,22 @@ def _reason(problem: ConvProblem) -> str | None:
 
 def _supports(problem: ConvProblem) -> str | None:
     if problem.pass_ == "backward_data":
-        return backward_data_as_forward_reason(problem) or _reason(problem)
-    return _reason(problem)
+        return backward_data_as_forward_reason(problem) or _reason(problem) or _too_large(
+            backward_data_as_forward(problem))
+    return _reason(problem) or _too_large(problem)
+
+
+def _too_large(fwd: ConvProblem) -> str | None:
+    """The padded flat input and the virtual output grid against MAX_ELEMENTS, counted
+    before :meth:`Grid.of` lists the taps."""
+    s = fwd.stride[0]
+    padded = [n + lo + hi for n, (lo, hi) in zip(fwd.in_size, fwd.padding)]
+    padded[0] = -(-padded[0] // s) * s
+    rows = fwd.batch * math.prod(padded) // s
+    flat = fwd.batch * math.prod(padded) * fwd.in_channels
+    return (too_large(fwd, flat * fwd.compute_dtype.itemsize, "the padded flat input")
+            or too_large(fwd, rows * fwd.out_channels * fwd.compute_dtype.itemsize,
+                         "the virtual output grid"))
 
 
 @dataclass(frozen=True)

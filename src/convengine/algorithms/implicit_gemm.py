@@ -16,7 +16,8 @@ import numpy as np
 
 from ..problem import ConvProblem
 from ..registry import register
-from ._common import Tile, input_slab, kernel_offsets, tiles, window
+from ..threads import matmul
+from ._common import Tile, input_slab, kernel_offsets, tiles, too_large, window
 from ._transforms import (
     backward_data_as_forward,
     backward_data_as_forward_reason,
@@ -30,12 +31,14 @@ WORKSPACE_LIMIT = 16 * 2**20
 def _supports_dense(problem: ConvProblem) -> str | None:
     if problem.groups != 1:
         return f"groups={problem.groups} != 1 (implicit GEMM serves dense convolutions)"
-    return None
+    return too_large(problem, _workspace(problem))
 
 
 def _supports_bwd_data(problem: ConvProblem) -> str | None:
     reason = backward_data_as_forward_reason(problem)
-    return None if reason is None else f"{reason} (served via the stride-1 transpose rule)"
+    if reason is not None:
+        return f"{reason} (served via the stride-1 transpose rule)"
+    return too_large(problem, _workspace(problem))
 
 
 def _row_bytes(problem: ConvProblem) -> int:
@@ -53,7 +56,7 @@ def _workspace(problem: ConvProblem) -> int:
         problem = backward_data_as_forward(problem)
     if problem.batch == 0:
         return 0
-    tile = _tiles(problem)[0]
+    tile = next(tiles(problem, _row_bytes(problem), WORKSPACE_LIMIT))
     start, stop = tile.slab_rows(problem)
     padded = [n + lo + hi for n, (lo, hi) in zip(problem.in_size, problem.padding)]
     slab = (tile.n1 - tile.n0) * (stop - start) * math.prod(padded[1:]) * problem.in_channels
@@ -79,7 +82,7 @@ def _forward(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         acc = np.zeros((block.size // problem.out_channels, problem.out_channels), x.dtype)
         product = np.empty_like(acc)
         for i, cols in _windows(problem, x, tile):
-            np.matmul(cols, wk[i], out=product)
+            matmul(cols, wk[i], out=product)
             acc += product
         block[...] = acc.reshape(block.shape)
     return y
@@ -101,5 +104,5 @@ def implicit_gemm_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray
     for tile in _tiles(problem):
         dy_rows = dy[tile.n0 : tile.n1, tile.r0 : tile.r1].reshape(-1, problem.out_channels)
         for i, cols in _windows(problem, x, tile):
-            dw[i] += dy_rows.T @ cols
+            dw[i] += matmul(dy_rows.T, cols)
     return np.ascontiguousarray(dw.transpose(1, 0, 2)).reshape(problem.w_shape("NHWC"))

@@ -1,7 +1,14 @@
 """``reference``: exact, slow, any problem; the tests' float64 oracle.
 
 Accumulates in float64 whatever the input dtype, one kernel position at a time
-(a sum of ``prod(K)`` small einsums), for all three passes.
+(a sum of ``prod(K)`` small einsums over the output positions whose tap lands
+inside x), for all three passes. Padding is never materialised: the temporaries are
+x, the output and dy in float64, whatever the padding.
+
+It defines the NaN rule (:mod:`convengine.nan_rule`): forward and backward-weight
+sum over the zero-padded input, so a padded tap adds ``0 * w`` (forward) or
+``0 * dy`` (backward-weight), NaN where that operand is NaN or infinite;
+backward-data sums over the (dy, w) pairs that land inside x only.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import numpy as np
 
 from ..problem import ConvProblem
 from ..registry import register
-from ._common import crop_padding, kernel_offsets, pad_spatial, padded_shape, window
+from ._common import kernel_offsets
 
 
 def _supports(problem: ConvProblem) -> None:
@@ -35,37 +42,78 @@ def _weight_at(problem: ConvProblem, w: np.ndarray, offset: tuple[int, ...]) -> 
     return wk.reshape(problem.groups, problem.out_per_group, problem.in_per_group)
 
 
+def _inside(
+    problem: ConvProblem, offset: tuple[int, ...]
+) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
+    """(output slices, x slices) of the output positions whose tap ``offset`` lands
+    inside x (not in the padding), one slice per spatial dim; None if none does."""
+    outs, ins = [], []
+    for k, n, o, s, d, (lo, _) in zip(offset, problem.in_size, problem.out_size,
+                                      problem.stride, problem.dilation, problem.padding):
+        start = k * d - lo  # x index read by output position 0
+        p0, p1 = max(0, -(start // s)), min(o, (n - 1 - start) // s + 1)
+        if p1 <= p0:
+            return None
+        outs.append(slice(p0, p1))
+        ins.append(slice(start + p0 * s, start + (p1 - 1) * s + 1, s))
+    return tuple(outs), tuple(ins)
+
+
+def _padded_taps(problem: ConvProblem, inside: tuple[slice, ...] | None) -> np.ndarray:
+    """Boolean mask over the output positions whose tap lands in the padding."""
+    mask = np.ones(problem.out_size, dtype=bool)
+    if inside is not None:
+        mask[inside] = False
+    return mask
+
+
 @register("reference", "forward", supports=_supports, accuracy=3)
 def reference_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    xp = pad_spatial(x, problem)
-    g = problem.groups
+    g, every = problem.groups, slice(None)
+    xg = _grouped(x, g)
     y = np.zeros((problem.batch, *problem.out_size, g, problem.out_per_group))
     for offset in kernel_offsets(problem):
-        patch = _grouped(xp[(slice(None), *window(problem, offset), slice(None))], g)
-        y += np.einsum("...gc,goc->...go", patch, _weight_at(problem, w, offset))
+        wk = _weight_at(problem, w, offset)
+        span = _inside(problem, offset)
+        if span is not None:
+            outs, ins = span
+            y[(every, *outs)] += np.einsum("...gc,goc->...go", xg[(every, *ins)], wk)
+        if not np.isfinite(wk).all():  # padded taps add 0 * w: NaN where w is not finite
+            mask = _padded_taps(problem, None if span is None else span[0])
+            y[:, mask] += (0 * wk).sum(axis=-1)
     return y.reshape(problem.y_shape("NHWC")).astype(problem.compute_dtype)
 
 
 @register("reference", "backward_data", supports=_supports, accuracy=3)
 def reference_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
-    g = problem.groups
-    dxp = np.zeros(padded_shape(problem))
+    g, every = problem.groups, slice(None)
     dyg = _grouped(dy, g)
+    dx = np.zeros((problem.batch, *problem.in_size, g, problem.in_per_group))
     for offset in kernel_offsets(problem):
-        contribution = np.einsum("...go,goc->...gc", dyg, _weight_at(problem, w, offset))
-        target = (slice(None), *window(problem, offset), slice(None))
-        dxp[target] += contribution.reshape(*contribution.shape[:-2], -1)
-    return crop_padding(dxp, problem).astype(problem.compute_dtype)
+        span = _inside(problem, offset)
+        if span is not None:
+            outs, ins = span
+            wk = _weight_at(problem, w, offset)
+            dx[(every, *ins)] += np.einsum("...go,goc->...gc", dyg[(every, *outs)], wk)
+    return dx.reshape(problem.x_shape("NHWC")).astype(problem.compute_dtype)
 
 
 @register("reference", "backward_weight", supports=_supports, accuracy=3)
 def reference_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    xp = pad_spatial(x, problem)
-    g = problem.groups
-    dyg_rows = _grouped(dy, g).reshape(-1, g, problem.out_per_group)
+    g, every = problem.groups, slice(None)
+    xg, dyg = _grouped(x, g), _grouped(dy, g)
+    dy_finite = bool(np.isfinite(dyg).all())
     dw = np.zeros(problem.w_shape("NHWC"))
     for offset in kernel_offsets(problem):
-        patch = _grouped(xp[(slice(None), *window(problem, offset), slice(None))], g)
-        dwk = np.einsum("mgc,mgo->goc", patch.reshape(-1, *patch.shape[-2:]), dyg_rows)
-        dw[_position(offset)] = dwk.reshape(problem.out_channels, -1)
+        span = _inside(problem, offset)
+        if span is not None:
+            outs, ins = span
+            patch = xg[(every, *ins)].reshape(-1, g, problem.in_per_group)
+            rows = dyg[(every, *outs)].reshape(-1, g, problem.out_per_group)
+            dwk = np.einsum("mgc,mgo->goc", patch, rows)
+            dw[_position(offset)] = dwk.reshape(problem.out_channels, -1)
+        if not dy_finite:  # padded taps add 0 * dy: NaN where dy is not finite
+            mask = _padded_taps(problem, None if span is None else span[0])
+            zero = (0 * dyg[:, mask]).sum(axis=(0, 1)).reshape(problem.out_channels, 1)
+            dw[_position(offset)] += zero
     return dw.astype(problem.compute_dtype)

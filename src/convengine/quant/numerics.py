@@ -57,12 +57,22 @@ def check_int_dtype(dtype: Any, name: str, allowed: tuple[str, ...] = INT_DTYPES
     return dt
 
 
+def _as_float32(values: Any) -> np.ndarray:
+    """``values`` rounded to float32, out-of-range values to inf or 0, without warnings."""
+    with np.errstate(over="ignore", under="ignore"):
+        return np.asarray(values, dtype=np.float64).astype(np.float32)
+
+
 def check_scale(scale: Any, name: str, length: int | None = None) -> np.ndarray:
-    """Scales as float32, 0-d (per-tensor) or (length,) (per-channel); finite and > 0."""
+    """Scales as float32, 0-d (per-tensor) or (length,) (per-channel); finite and > 0
+    once rounded to float32 (the precision the kernels compute in)."""
     if isinstance(scale, (float, np.floating)) and not isinstance(scale, np.float16):
-        if not math.isfinite(scale) or scale <= 0:
-            raise ConvSetupError(f"{name} must be finite and > 0, got {[float(scale)]}")
-        return np.array(scale, np.float32)
+        s32 = _as_float32(scale)
+        if not math.isfinite(s32) or s32 <= 0:
+            raise ConvSetupError(
+                f"{name} must be finite and > 0 in float32, got {float(scale)!r} "
+                f"(float32: {float(s32)!r})")
+        return s32
     s = np.asarray(scale)
     if not (np.issubdtype(s.dtype, np.floating) or np.issubdtype(s.dtype, np.integer)):
         raise ConvSetupError(f"{name} must be a float or floats, got dtype {s.dtype}")
@@ -71,12 +81,12 @@ def check_scale(scale: Any, name: str, length: int | None = None) -> np.ndarray:
         raise ConvSetupError(f"{name} must be {want}, got shape {s.shape}")
     if s.ndim == 1 and length is None:
         raise ConvSetupError(f"{name} must be a scalar, got shape {s.shape}")
-    s64 = s.astype(np.float64)
-    if not np.all(np.isfinite(s64)) or not np.all(s64 > 0):
-        raise ConvSetupError(f"{name} must be finite and > 0, got {s64.ravel()[:8].tolist()}")
-    if s.ndim == 1 and s.shape[0] == 1:
-        s = s.reshape(())
-    return s.astype(np.float32)
+    s32 = _as_float32(s)
+    if not np.all(np.isfinite(s32)) or not np.all(s32 > 0):
+        raise ConvSetupError(
+            f"{name} must be finite and > 0 in float32, got {s.ravel()[:8].tolist()} "
+            f"(float32: {s32.ravel()[:8].tolist()})")
+    return s32.reshape(()) if s32.ndim == 1 and s32.shape[0] == 1 else s32
 
 
 def check_zero_point(
@@ -88,23 +98,24 @@ def check_zero_point(
         if not lo <= zero_point <= hi:
             raise ConvSetupError(
                 f"{name} must lie in [{lo}, {hi}] for dtype {np.dtype(dtype).name}, "
-                f"got {[int(zero_point)]}"
+                f"got {zero_point!r}"
             )
         return np.array(zero_point, np.int64)
     z = np.asarray(zero_point)
     if not (np.issubdtype(z.dtype, np.integer) or z.dtype == np.bool_):
-        if not (np.issubdtype(z.dtype, np.floating) and np.all(z == np.round(z))):
+        if not (np.issubdtype(z.dtype, np.floating) and np.all(np.isfinite(z))
+                and np.all(z == np.round(z))):
             raise ConvSetupError(f"{name} must be an integer or integers, got {zero_point!r}")
     if z.ndim > 1 or (z.ndim == 1 and (length is None or z.shape[0] not in (1, length))):
         want = "a scalar" if length is None else f"a scalar or {length} values (one per channel)"
         raise ConvSetupError(f"{name} must be {want}, got shape {z.shape}")
     lo, hi = dtype_range(dtype)
-    z64 = z.astype(np.int64)
-    if np.any(z64 < lo) or np.any(z64 > hi):
+    if np.any(z < lo) or np.any(z > hi):
         raise ConvSetupError(
             f"{name} must lie in [{lo}, {hi}] for dtype {np.dtype(dtype).name}, "
-            f"got {z64.ravel()[:8].tolist()}"
+            f"got {z.ravel()[:8].tolist()}"
         )
+    z64 = z.astype(np.int64)
     return z64.reshape(()) if z64.ndim == 1 and z64.shape[0] == 1 else z64
 
 
@@ -216,8 +227,19 @@ def requant_params(
     ws = np.broadcast_to(check_scale(w_scale, "w_scale", out_channels), (out_channels,))
     ys = check_scale(out_scale, "out_scale")
     zp = int(check_zero_point(out_zero_point, "out_zero_point", dt))
-    s = (xs * ws).astype(np.float32)
-    multiplier = np.ascontiguousarray(s / ys, dtype=np.float32)
+    with np.errstate(over="ignore", under="ignore"):
+        s = (xs * ws).astype(np.float32)
+        multiplier = np.ascontiguousarray(s / ys, dtype=np.float32)
+    if not np.all(np.isfinite(s)) or np.any(s < np.finfo(np.float32).tiny):
+        raise ConvSetupError(
+            f"x_scale * w_scale must be a normal float32 (finite, >= "
+            f"{np.finfo(np.float32).tiny:.3g}), got x_scale={x_scale!r}, w_scale={w_scale!r}"
+        )
+    if not np.all(np.isfinite(multiplier)) or not np.all(multiplier > 0):
+        raise ConvSetupError(
+            f"x_scale * w_scale / out_scale must be finite and > 0 in float32, got "
+            f"x_scale={x_scale!r}, w_scale={w_scale!r}, out_scale={out_scale!r}"
+        )
     if bias_mode == "float":
         term = np.zeros(out_channels, np.float32)
         if bias is not None:
@@ -228,7 +250,13 @@ def requant_params(
                     f"(pass bias_mode='int32' for an int32 bias)"
                 )
             _check_bias_shape(b, out_channels)
-            term = (b.astype(np.float32) / s).astype(np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):
+                term = (b.astype(np.float32) / s).astype(np.float32)
+            if not np.all(np.isfinite(term)):
+                raise ConvSetupError(
+                    f"bias must be finite, and bias / (x_scale * w_scale) finite in float32, "
+                    f"got bias={b.ravel()[:8].tolist()}"
+                )
     else:
         term = np.zeros(out_channels, np.int32)
         if bias is not None:
