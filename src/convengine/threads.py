@@ -1,22 +1,42 @@
-"""Thread counts of the two pools convengine uses: numba's and numpy's BLAS.
+"""How convengine shares the cores: one pool for its compiled kernels, BLAS kept
+single-threaded, nothing left spinning.
 
-Both pools busy-wait for a while after each parallel region, so running one while
-the other spins oversubscribes the cores (measured on 2 cores: a 77 us numba region
-took 8 ms right after a BLAS call). ``set_num_threads(n)`` sets both to ``n``.
-Kernels that interleave compiled stages with BLAS calls (Winograd) instead run
-``n`` Python threads, each with serial numba code and single-threaded BLAS
-(:func:`single_threaded_blas`, :func:`run_parallel`), so that nothing spins.
+In one process three thread pools can meet: numba's OpenMP pool (the system libgomp),
+numpy's OpenBLAS pool and PyTorch's own libgomp. Each busy-waits after its work
+(measured here: libgomp about 3.5 ms of CPU after every parallel region, OpenBLAS
+about 36 ms after every multi-threaded GEMM), so on a small host each one's spinning
+slows the others severalfold. convengine therefore, with no variable for the user to
+export:
+
+- loads numba's OpenMP runtime with ``OMP_WAIT_POLICY=PASSIVE`` set for that runtime
+  alone (the variable is restored at once; PyTorch's runtime, loaded first, keeps its
+  own defaults): convengine's kernel threads sleep as soon as a kernel ends;
+- never runs numpy's BLAS multi-threaded: a GEMM is split by rows over convengine's
+  own threads (:func:`matmul`), each calling single-threaded BLAS, so OpenBLAS's
+  workers are never woken;
+- after ``fork()`` (multiprocessing, DataLoader workers, Dask's process scheduler),
+  runs the child's kernels on one thread: GNU OpenMP cannot restart its pool in a
+  forked child, and numba would stop such a child. Processes are the parallelism there.
+
+A user who set ``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` or ``NUMBA_THREADING_LAYER``
+keeps that choice. ``set_num_threads(n)`` sets convengine's thread count (numba's
+kernels and the GEMM splits); it leaves numpy's own BLAS setting alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import importlib.util
+import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numba
+import numpy as np
 from threadpoolctl import ThreadpoolController
 
 _lock = threading.Lock()
@@ -24,18 +44,86 @@ _pool: ThreadPoolExecutor | None = None
 _blas: Any = None  # numpy's OpenBLAS controller, found once
 _blas_users = 0  # calls currently inside single_threaded_blas
 _blas_saved = 1
+_forked_omp = False  # a forked child of a process whose OpenMP pool had started
+
+#: rows x columns x depth below which a GEMM is not split over threads
+MATMUL_SPLIT_FLOPS = 1 << 21
+
+# ------------------------------------------------------------------ numba's pool
 
 
-def _numpy_blas() -> Any:
-    """threadpoolctl's controller of the BLAS numpy links (None if not found)."""
-    global _blas
-    if _blas is None:
-        import numpy  # noqa: F401  (its BLAS must be loaded to be found)
+def _preload_torch_openmp() -> None:
+    """Load PyTorch's own libgomp (without importing torch) if torch is installed.
 
-        found = ThreadpoolController().select(user_api="blas").lib_controllers
-        numpy_libs = [c for c in found if "numpy" in c.filepath] or found
-        _blas = numpy_libs[0] if numpy_libs else False
-    return _blas or None
+    numba's OpenMP layer links the system ``libgomp.so.1.0.0``; once that is loaded,
+    a later ``import torch`` would bind to it (same soname) instead of its own copy
+    and inherit the passive wait policy set below. Loading torch's copy first keeps
+    PyTorch in exactly the configuration it has without convengine."""
+    if any("libgomp" in line for line in _mapped_files()):
+        return
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    lib = Path(list(spec.submodule_search_locations)[0]) / "lib" / "libgomp.so.1"
+    if lib.is_file():
+        with contextlib.suppress(OSError):
+            ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+
+
+def _mapped_files() -> list[str]:
+    try:
+        return Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def _start_numba_pool() -> None:
+    """Start numba's threading layer, OpenMP first, its runtime waiting passively."""
+    from numba.np.ufunc import parallel
+
+    if parallel._is_initialized:  # the user's own numba code started it: keep it
+        return
+    user_env = {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ)
+    if "NUMBA_THREADING_LAYER" not in os.environ:
+        numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]  # type: ignore[attr-defined]
+    _preload_torch_openmp()
+    if not parallel._backend_init_process_lock:
+        # numba would make one through multiprocessing.get_start_method(), which fixes
+        # the start method: the user's set_start_method("spawn") would then fail
+        parallel._backend_init_process_lock = threading.RLock()
+    if user_env:
+        parallel._launch_threads()
+        return
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read once, by the runtime loaded now
+    try:
+        parallel._launch_threads()
+    finally:
+        del os.environ["OMP_WAIT_POLICY"]
+
+
+def _after_fork_in_child() -> None:
+    """Make convengine usable in a forked child (see the module docstring)."""
+    global _pool, _lock, _blas_users, _forked_omp
+    _lock = threading.Lock()
+    _pool = None  # its threads did not survive the fork
+    _blas_users = 0
+    from numba.np.ufunc import parallel
+
+    if not parallel._is_initialized or numba.threading_layer() != "omp":
+        return
+    from numba.np.ufunc import omppool
+
+    if getattr(omppool, "openmp_vendor", "") != "GNU":
+        return
+    # numba's launch_threads records the pid whose children it refuses: ours now;
+    # with one thread, GNU OpenMP never touches the pool the fork left behind.
+    ctypes.CFUNCTYPE(None, ctypes.c_int)(omppool.launch_threads)(1)
+    numba.set_num_threads(1)
+    _forked_omp = True
+
+
+_start_numba_pool()
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @numba.njit  # not cached: numba cannot cache code that reads the threading layer
@@ -47,25 +135,33 @@ def get_num_threads() -> int:
 
 
 def set_num_threads(n: int) -> None:
-    """Use ``n`` threads in numba kernels and numpy's BLAS (ValueError if ``n`` < 1
-    or above numba's ``NUMBA_NUM_THREADS`` launch limit)."""
+    """Use ``n`` threads in convengine's kernels and GEMMs (ValueError if ``n`` < 1 or
+    above numba's ``NUMBA_NUM_THREADS`` launch limit). In a forked child of a process
+    that ran OpenMP kernels, the compiled kernels stay on one thread."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"n must be an int, got {n!r}")
     limit = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
     if not 1 <= n <= limit:
         raise ValueError(f"n must be between 1 and NUMBA_NUM_THREADS={limit}, got {n}")
-    global _pool, _blas_saved
-    numba.set_num_threads(n)
-    blas = _numpy_blas()
+    global _pool
+    numba.set_num_threads(1 if _forked_omp else n)
     with _lock:
-        if blas is not None:
-            if _blas_users:
-                _blas_saved = n  # restored when the single-threaded sections end
-            else:
-                blas.set_num_threads(n)
         if _pool is not None and _pool._max_workers != n:
             _pool.shutdown(wait=False)
             _pool = None
+
+
+# ------------------------------------------------------------------ BLAS
+
+
+def _numpy_blas() -> Any:
+    """threadpoolctl's controller of the BLAS numpy links (None if not found)."""
+    global _blas
+    if _blas is None:
+        found = ThreadpoolController().select(user_api="blas").lib_controllers
+        numpy_libs = [c for c in found if "numpy" in c.filepath] or found
+        _blas = numpy_libs[0] if numpy_libs else False
+    return _blas or None
 
 
 @contextlib.contextmanager
@@ -79,20 +175,21 @@ def single_threaded_blas() -> Iterator[None]:
     with _lock:
         if _blas_users == 0:
             _blas_saved = blas.num_threads
-            blas.set_num_threads(1)
+            if _blas_saved != 1:
+                blas.set_num_threads(1)
         _blas_users += 1
     try:
         yield
     finally:
         with _lock:
             _blas_users -= 1
-            if _blas_users == 0:
+            if _blas_users == 0 and _blas_saved != 1:
                 blas.set_num_threads(_blas_saved)
 
 
 def run_parallel(fn: Callable[[int, int], None], parts: int) -> None:
     """Call ``fn(part, parts)`` for ``part`` in ``range(parts)``, on up to
-    ``get_num_threads()`` threads; exceptions propagate."""
+    ``get_num_threads()`` threads (the caller runs part 0); exceptions propagate."""
     global _pool
     if parts <= 1:
         fn(0, 1)
@@ -102,7 +199,29 @@ def run_parallel(fn: Callable[[int, int], None], parts: int) -> None:
             _pool = ThreadPoolExecutor(get_num_threads(), thread_name_prefix="convengine")
         pool = _pool
     futures = [pool.submit(fn, p, parts) for p in range(1, parts)]
-    fn(0, parts)
-    for f in futures:
-        f.result()
+    try:
+        fn(0, parts)
+    finally:
+        for f in futures:
+            f.result()
 
+
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``a (M, K) @ b (K, N)`` into ``out (M, N)`` (allocated if None): rows split over
+    convengine's threads, single-threaded BLAS in each (OpenBLAS's pool stays asleep)."""
+    m, n = a.shape[0], b.shape[1]
+    if out is None:
+        out = np.empty((m, n), np.result_type(a, b))
+    parts = min(get_num_threads(), max(1, m * n * a.shape[1] // MATMUL_SPLIT_FLOPS), -(-m // 8))
+    with single_threaded_blas():
+        if parts <= 1:
+            np.matmul(a, b, out=out)
+        else:
+            step = (-(-m // parts) + 7) // 8 * 8  # rows per part, a multiple of 8
+
+            def part(p: int, _: int) -> None:
+                rows = slice(p * step, min(m, (p + 1) * step))
+                np.matmul(a[rows], b, out=out[rows])
+
+            run_parallel(part, -(-m // step))
+    return out

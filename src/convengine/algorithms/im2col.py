@@ -22,6 +22,7 @@ from numba import njit
 
 from ..problem import ConvProblem
 from ..registry import register
+from ..threads import matmul
 from ._common import Tile, crop_padding, kernel_offsets, padded_shape, tiles, too_large, window
 
 WORKSPACE_LIMIT = 32 * 2**20
@@ -165,9 +166,9 @@ def im2col_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray
         for g in range(problem.groups):
             block = _out_block(tile, problem, g)
             if problem.groups == 1:  # the tile's outputs are one contiguous run of y
-                np.matmul(_columns(x, problem, tile, g), wg[g].T, out=y[block].reshape(-1, y.shape[-1]))
+                matmul(_columns(x, problem, tile, g), wg[g].T, out=y[block].reshape(-1, y.shape[-1]))
             else:
-                y[block] = (_columns(x, problem, tile, g) @ wg[g].T).reshape(y[block].shape)
+                y[block] = matmul(_columns(x, problem, tile, g), wg[g].T).reshape(y[block].shape)
     return y
 
 
@@ -179,7 +180,7 @@ def im2col_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.n
     for tile in _tiles(problem):
         for g in range(problem.groups):
             dy_tile = dy[_out_block(tile, problem, g)]
-            dcols = dy_tile.reshape(-1, problem.out_per_group) @ wg[g]
+            dcols = matmul(dy_tile.reshape(-1, problem.out_per_group), wg[g])
             dcols = dcols.reshape(*dy_tile.shape[:-1], -1, cg)
             for i, offset in enumerate(kernel_offsets(problem)):
                 first, *rest = window(problem, offset, (tile.r0, tile.r1))
@@ -197,5 +198,5 @@ def im2col_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray) -> np
     for tile in _tiles(problem):
         for g in range(g_count):
             dy_rows = dy[_out_block(tile, problem, g)].reshape(-1, og)
-            dw[g] += dy_rows.T @ _columns(x, problem, tile, g)
+            dw[g] += matmul(dy_rows.T, _columns(x, problem, tile, g))
     return dw.reshape(problem.w_shape("NHWC"))

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..problem import ConvProblem
 from ..registry import register
+from ..threads import matmul
 from ._common import Tile, input_slab, kernel_offsets, tiles, too_large, window
 from ._transforms import (
     backward_data_as_forward,
@@ -81,7 +82,7 @@ def _forward(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         acc = np.zeros((block.size // problem.out_channels, problem.out_channels), x.dtype)
         product = np.empty_like(acc)
         for i, cols in _windows(problem, x, tile):
-            np.matmul(cols, wk[i], out=product)
+            matmul(cols, wk[i], out=product)
             acc += product
         block[...] = acc.reshape(block.shape)
     return y
@@ -103,5 +104,5 @@ def implicit_gemm_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray
     for tile in _tiles(problem):
         dy_rows = dy[tile.n0 : tile.n1, tile.r0 : tile.r1].reshape(-1, problem.out_channels)
         for i, cols in _windows(problem, x, tile):
-            dw[i] += dy_rows.T @ cols
+            dw[i] += matmul(dy_rows.T, cols)
     return np.ascontiguousarray(dw.transpose(1, 0, 2)).reshape(problem.w_shape("NHWC"))

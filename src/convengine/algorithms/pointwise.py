@@ -1,6 +1,7 @@
 """``1x1``: a 1x1, stride-1, unpadded, dense conv in channels-last is one GEMM.
 
-x ``(N, *S, C)`` viewed as ``(N*prod(S), C)`` without a copy; w ``(O, C)``.
+x ``(N, *S, C)`` viewed as ``(N*prod(S), C)`` without a copy; w ``(O, C)``. The
+GEMMs go through :func:`convengine.threads.matmul` (rows over convengine's threads).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import numpy as np
 
 from ..problem import ConvProblem
 from ..registry import register
+from ..threads import matmul
 
 
 def _supports(problem: ConvProblem) -> str | None:
@@ -28,14 +30,14 @@ def _rows(a: np.ndarray) -> np.ndarray:
 
 @register("1x1", "forward", supports=_supports)
 def pointwise_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    return (_rows(x) @ _rows(w).T).reshape(problem.y_shape("NHWC"))
+    return matmul(_rows(x), _rows(w).T).reshape(problem.y_shape("NHWC"))
 
 
 @register("1x1", "backward_data", supports=_supports)
 def pointwise_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
-    return (_rows(dy) @ _rows(w)).reshape(problem.x_shape("NHWC"))
+    return matmul(_rows(dy), _rows(w)).reshape(problem.x_shape("NHWC"))
 
 
 @register("1x1", "backward_weight", supports=_supports)
 def pointwise_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    return (_rows(dy).T @ _rows(x)).reshape(problem.w_shape("NHWC"))
+    return matmul(_rows(dy).T, _rows(x)).reshape(problem.w_shape("NHWC"))
