@@ -339,6 +339,28 @@ def load(source: Source) -> ModuleType:
         return module
 
 
+def count() -> int:
+    """How many kernel modules the cache holds."""
+    return len(list(kernel_dir().glob("*.py")))
+
+
+def clear() -> str:
+    """Remove every cached kernel (processes running keep what they loaded); one line
+    saying what was done. OSError with a clear message if it cannot."""
+    path = kernel_dir()
+    if not path.exists():
+        return "the kernel cache is empty"
+    if not path.is_dir():
+        raise OSError(f"{path} is not a directory of compiled kernels: remove it or point "
+                      "CONVENGINE_CACHE_DIR elsewhere")
+    n = count()
+    try:
+        shutil.rmtree(path)
+    except OSError as exc:
+        raise OSError(f"cannot remove the compiled kernels in {path} ({exc})") from None
+    return f"removed {n} compiled kernels from {path}"
+
+
 # ---------------------------------------------------------------- slow compiles
 
 

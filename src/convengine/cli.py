@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import re
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import api, select, suites, threads
+from . import _kernel_cache, api, select, suites, threads
 from ._version import __version__
 from .errors import ConvSetupError
 from .problem import PASSES, ConvProblem, make_problem
@@ -349,15 +350,22 @@ def cmd_cache(args: argparse.Namespace) -> int:
         if args.json != "-":
             unusable = f" (unusable: {cache.failure})" if cache.failure else ""
             print(f"cache: {cache.path}{unusable}")
+            print(f"kernels: {_kernel_cache.kernel_dir()} ({_kernel_cache.count()} compiled)")
             print(f"host:  {host}\n")
             table = [[e.key, e.choice, _fmt_ms(e.results[e.choice]["median_s"]),
                       "stale" if stale(e) else "", _entry_cells(e)] for e in entries]
             print(_table(table, ["tuning key", "choice", "ms", "", "candidates (ms)"])
                   if table else "(no entries)")
         return 0
-    if args.action == "clear":
-        print(cache.clear())
-        return 0
+    if args.action == "clear":  # both caches, each reporting on its own line
+        status = 0
+        for clear in (cache.clear, _kernel_cache.clear):
+            try:
+                print(clear())
+            except OSError as exc:
+                print(f"convengine cache clear: error: {exc}", file=sys.stderr)
+                status = 2
+        return status
     if args.action == "export":
         n = transfer.export_cache(args.file)
         print(f"exported {n} entries to {args.file}")
@@ -451,7 +459,8 @@ def parser() -> argparse.ArgumentParser:
     _common(p, "results")
     p.set_defaults(func=cmd_tune)
 
-    p = sub.add_parser("cache", help="show, clear, export or import the tuning cache")
+    p = sub.add_parser("cache", help="show, clear, export or import the tuning cache "
+                                     "(clear: the compiled kernels too)")
     p.add_argument("action", choices=["show", "clear", "export", "import"])
     p.add_argument("file", nargs="?", help="JSON file for export / import")
     p.add_argument("--force", action="store_true",
@@ -491,7 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser().error(f"cache {args.action} needs a FILE")
     try:
         return int(args.func(args))
-    except (ConvSetupError, ValueError, OSError) as exc:
+    except (ConvSetupError, ValueError, OSError, sqlite3.Error) as exc:
         print(f"convengine {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -3,9 +3,12 @@
 The file lives in ``$CONVENGINE_CACHE_DIR`` or ``$XDG_CACHE_HOME/convengine`` (default
 ``~/.cache/convengine``), is opened in WAL mode with a busy timeout, and one short
 connection serves each read or write, so several processes and threads can tune at
-once. A file that is corrupt, unreadable, read-only or locked never fails a
-convolution: the cache warns once (:class:`TuningCacheWarning`), leaves the file
-untouched, and keeps results in memory for the rest of the process.
+once. A file on a read-only directory or mount (a cache shipped with a deployment) is
+opened immutable and read; new results stay in memory. Rows that are not what
+convengine wrote are ignored with one warning. A file that is corrupt, unreadable
+or locked never fails a convolution: the cache warns once
+(:class:`TuningCacheWarning`), leaves the file untouched, and keeps results in
+memory for the rest of the process.
 """
 
 from __future__ import annotations
@@ -114,9 +117,16 @@ CREATE TABLE IF NOT EXISTS tuning (
 
 
 def _row_to_entry(row: tuple[Any, ...]) -> Entry:
+    """The entry a row holds; ValueError if it is not one convengine wrote (valid
+    SQLite, but say ``results='[1, 2, 3]'``, ``null`` or a string median)."""
     key, pass_, host, version, candidates, choice, results, problem, created = row
-    return Entry(key, pass_, host, version, candidates, choice, json.loads(results),
-                 problem, created)
+    try:
+        decoded = json.loads(results)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"row {key!r}: results are not JSON ({exc})") from None
+    return Entry.from_json({"key": key, "pass_": pass_, "host": host, "version": version,
+                            "candidates": candidates, "choice": choice, "results": decoded,
+                            "problem": problem, "created": created}, f"row {key!r}")
 
 
 def _entry_to_row(e: Entry) -> tuple[Any, ...]:
@@ -136,11 +146,35 @@ class TuningCache:
         self._absent: set[Ident] = set()
         self._lock = threading.Lock()
         self._schema_ok = False
+        self._bad_rows = False  # warned about rows convengine did not write
 
     # ------------------------------------------------------------ the file
 
+    @property
+    def read_only(self) -> bool:
+        """The file (or its directory) cannot be written: it is opened immutable, so
+        a pre-tuned cache shipped on a read-only mount is read (WAL mode would need
+        to write its ``-shm`` file), and new results stay in memory."""
+        assert self.path is not None
+        if self.path.exists():
+            return not (os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK))
+        parent = next((p for p in self.path.parents if p.exists()), self.path.parent)
+        return not os.access(parent, os.W_OK)
+
     def _connect(self) -> sqlite3.Connection:
         assert self.path is not None
+        if self.read_only:
+            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?immutable=1", uri=True,
+                                   timeout=LOCK_TIMEOUT_S)
+            try:
+                (found,) = conn.execute("PRAGMA user_version").fetchone()
+                if found != SCHEMA_VERSION:
+                    raise sqlite3.DatabaseError(
+                        f"schema version {found}, this convengine reads {SCHEMA_VERSION}")
+            except BaseException:
+                conn.close()
+                raise
+            return conn
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=LOCK_TIMEOUT_S)
         try:
@@ -174,6 +208,8 @@ class TuningCache:
         """Run ``op`` on a fresh connection; on any failure warn once, return default."""
         if self.path is None or self.failure is not None:
             return default
+        if self.read_only and not self.path.exists():
+            return default  # nothing to read, nowhere to write
         try:
             conn = self._connect()
             try:
@@ -197,6 +233,20 @@ class TuningCache:
             stacklevel=5,
         )
 
+    def _entry(self, row: tuple[Any, ...]) -> Entry | None:
+        """The row's entry, or None (warned once) if convengine did not write it."""
+        try:
+            return _row_to_entry(row)
+        except ValueError as exc:
+            with self._lock:
+                warned, self._bad_rows = self._bad_rows, True
+            if not warned:
+                warnings.warn(
+                    f"convengine: the tuning cache {self.path} holds entries convengine "
+                    f"did not write ({exc}); they are ignored (`convengine cache clear` "
+                    "removes them)", TuningCacheWarning, stacklevel=4)
+            return None
+
     # ------------------------------------------------------------ reads and writes
 
     def get(self, ident: Ident) -> Entry | None:
@@ -212,7 +262,7 @@ class TuningCache:
                 f"SELECT {_COLUMNS} FROM tuning WHERE key=? AND host=? AND version=? "
                 "AND candidates=?", ident,
             ).fetchone()
-            return None if row is None else _row_to_entry(row)
+            return None if row is None else self._entry(row)
 
         entry = self._use_file(read, None)
         with self._lock:
@@ -238,13 +288,15 @@ class TuningCache:
                     [_entry_to_row(e) for e in entries],
                 )
 
-        self._use_file(write, None)
+        if not self.read_only:
+            self._use_file(write, None)
 
     def entries(self) -> list[Entry]:
         """Every entry, from the file and from memory, oldest first."""
 
         def read_all(conn: sqlite3.Connection) -> list[Entry]:
-            return [_row_to_entry(r) for r in conn.execute(f"SELECT {_COLUMNS} FROM tuning")]
+            found = (self._entry(r) for r in conn.execute(f"SELECT {_COLUMNS} FROM tuning"))
+            return [e for e in found if e is not None]
 
         none: list[Entry] = []
         found = {e.ident: e for e in self._use_file(read_all, none)}
@@ -260,29 +312,52 @@ class TuningCache:
             TuningCache.changes += 1
 
     def clear(self) -> str:
-        """Delete every entry; a file that is not a usable database is removed.
-
-        Returns one line saying what was done. Raises OSError / sqlite3.Error when
-        the file exists but cannot be changed (read-only, locked)."""
+        """Delete every entry; a file that is not a usable convengine database is
+        removed. Returns one line saying what was done; raises OSError with a clear
+        message when the file cannot be changed (a directory, read-only, locked)."""
         self.forget()
         if self.path is None or not self.path.exists():
             return "the tuning cache is empty"
+        if self.path.is_dir():
+            raise OSError(f"{self.path} is a directory, not a tuning cache: remove it or "
+                          "point CONVENGINE_CACHE_DIR elsewhere")
         try:
-            conn = sqlite3.connect(self.path, timeout=LOCK_TIMEOUT_S)
-            try:
-                with conn:
-                    (n,) = conn.execute("SELECT count(*) FROM tuning").fetchone()
-                    conn.execute("DELETE FROM tuning")
-            finally:
-                conn.close()
-            self.failure, self._schema_ok = None, False
-            return f"removed {n} entries from {self.path}"
+            n = self._delete_all()
         except sqlite3.OperationalError as exc:
-            if "no such table" in str(exc):
-                return "the tuning cache is empty"
-            raise  # read-only, locked, ...: the caller reports it
-        except sqlite3.DatabaseError as exc:  # not a database, or a malformed one
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
-            self.failure, self._schema_ok = None, False
+            raise OSError(f"cannot clear {self.path} ({exc}): is it read-only, unreadable "
+                          "or in use?") from None
+        except (sqlite3.DatabaseError, ValueError) as exc:  # not ours, malformed, ...
+            try:
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            except OSError as err:
+                raise OSError(f"{self.path} is not a usable tuning database ({exc}) and "
+                              f"cannot be removed ({err})") from None
+            self.failure, self._schema_ok, self._bad_rows = None, False, False
             return f"{self.path} was not a usable tuning database ({exc}); removed the file"
+        self.failure, self._schema_ok, self._bad_rows = None, False, False
+        return f"removed {n} entries from {self.path}"
+
+    def _delete_all(self) -> int:
+        """Delete every row; DatabaseError if the file is not a sound convengine
+        cache (then it is removed instead)."""
+        assert self.path is not None
+        conn = sqlite3.connect(self.path, timeout=LOCK_TIMEOUT_S)
+        try:
+            (check,) = conn.execute("PRAGMA quick_check").fetchone()
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"integrity check: {check}")
+            tables = {name for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type='table'")}
+            if not tables:
+                return 0
+            (found,) = conn.execute("PRAGMA user_version").fetchone()
+            if tables != {"tuning"} or found != SCHEMA_VERSION:
+                raise sqlite3.DatabaseError(
+                    f"tables {sorted(tables)}, schema version {found}: not convengine's")
+            with conn:
+                (n,) = conn.execute("SELECT count(*) FROM tuning").fetchone()
+                conn.execute("DELETE FROM tuning")
+            return int(n)
+        finally:
+            conn.close()
