@@ -167,7 +167,7 @@ def test_dgrad_and_wgrad_chains():
 
 def test_unfused_serves_general_graphs():
     """Two convs sharing an input, and a pointwise-only graph: only unfused serves."""
-    g = Graph()
+    g = Graph(layout="NHWC")
     X, W1, W2 = (
         g.tensor("x", (1, 5, 5, 3)),
         g.tensor("w1", (4, 1, 1, 3)),
@@ -257,7 +257,7 @@ def test_deterministic_never_selects_unsafe_algorithms(policy, nondeterministic_
 
 
 def test_no_engine_lists_every_candidate():
-    g = Graph(io_dtype="float32", compute_dtype="bfloat16")
+    g = Graph(io_dtype="float32", compute_dtype="bfloat16", layout="NHWC")
     X, W = g.tensor("x", (1, 4, 4, 2)), g.tensor("w", (2, 1, 1, 2))
     g.relu(g.conv_fprop(X, W)).set_output()
     with pytest.raises(ConvSetupError) as info:
@@ -283,7 +283,7 @@ def test_no_engine_lists_every_candidate():
 
 
 def _bad_bias_graph():
-    g = Graph()
+    g = Graph(layout="NHWC")
     X, W, B = g.tensor("x", (1, 5, 5, 3)), g.tensor("w", (4, 3, 3, 3)), g.tensor("b", (3,))
     g.bias(g.conv_fprop(X, W, name="conv"), B, name="add_bias").set_output()
     return g
@@ -316,7 +316,7 @@ def test_validate_errors_name_the_node(build, message):
 def _conv_graph(
     w=(4, 3, 3, 3), stride=1, operand=None, requant_twice=False, output=True, x_dtype="float32"
 ):
-    g = Graph()
+    g = Graph(layout="NHWC")
     X, W = g.tensor("x", (1, 5, 5, 3), x_dtype), g.tensor("w", w)
     v = g.conv_fprop(X, W, stride=stride, name="conv")
     if operand is not None:
@@ -381,3 +381,29 @@ def test_tune_policy_times_the_engines():
     lines = [line for line in plan.describe().splitlines() if "median" in line]
     assert len(lines) >= 3 and sum("chosen" in line for line in lines) == 1
     assert plan.engine_name in {line.split()[0] for line in lines}
+
+
+def test_default_layout_is_nchw_like_conv():
+    """Graph() reads shapes as conv() does (NCHW), so conv's shapes build a graph."""
+    x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    g = Graph()
+    X, W = g.tensor("x", x.shape), g.tensor("w", w.shape)
+    y = g.conv_fprop(X, W, stride=2, padding=1).set_output()
+    got = g.build(cache=PlanCache()).execute({X: x, W: w})[y]
+    assert_close(got, reference("forward", x, w, stride=2, padding=1), "float32")
+
+
+@pytest.mark.parametrize("layout, x, w, hint", [
+    (None, (1, 5, 5, 3), (4, 3, 3, 3),
+     "(shapes read as NCHW; they fit NHWC: declare Graph(layout='NHWC')"),
+    ("NHWC", (1, 3, 5, 5), (4, 3, 3, 3),
+     "(shapes read as NHWC; they fit NCHW: declare Graph(layout='NCHW')"),
+    (None, (1, 5, 5, 5), (4, 3, 3, 3), "(shapes read as NCHW)"),
+])
+def test_layout_named_when_shapes_disagree(layout, x, w, hint):
+    g = Graph() if layout is None else Graph(layout=layout)
+    g.conv_fprop(g.tensor("x", x), g.tensor("w", w), name="conv").set_output()
+    with pytest.raises(ConvSetupError, match="channel mismatch") as info:
+        g.validate()
+    assert hint in str(info.value)

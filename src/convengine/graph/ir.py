@@ -128,10 +128,13 @@ class Graph:
     ``io_dtype`` is the default dtype of inputs and the dtype float outputs are
     returned in; ``compute_dtype`` is the dtype of float intermediates (float16 and
     bfloat16 are reduced precision: engines refuse them unless allowed).
+    ``layout`` is declared here once, for every rank 3-5 tensor: ``"NCHW"`` (the
+    default, as for :func:`convengine.conv`) or ``"NHWC"``; ``tensor(..., layout=)``
+    may override it for one input.
     """
 
     def __init__(
-        self, io_dtype: Any = "float32", compute_dtype: Any = "float32", layout: str = "NHWC"
+        self, io_dtype: Any = "float32", compute_dtype: Any = "float32", layout: str = "NCHW"
     ) -> None:
         self.io_dtype = _dtype_name(io_dtype)
         self.compute_dtype = _dtype_name(compute_dtype)
@@ -347,7 +350,11 @@ class Graph:
         args = dict(stride=at["stride"], padding=at["padding"], dilation=at["dilation"],
                     groups=at["groups"], layout=a.layout, dtype=dtype)
         if node.op == "conv_fprop":
-            p = make_problem("forward", a.shape, b.shape, x_name=a.name, w_name=b.name, **args)
+            try:
+                p = make_problem("forward", a.shape, b.shape, x_name=a.name, w_name=b.name,
+                                 **args)
+            except ConvSetupError as exc:
+                raise ConvSetupError(f"{exc}{_layout_hint(a, b, args)}") from None
             shape = p.y_shape()
         elif node.op == "conv_dgrad":
             p = make_problem("backward_data", _shape(at["input_shape"], "input_shape"),
@@ -370,8 +377,9 @@ class Graph:
         if node.op == "bias":
             if len(a.shape) < 3:
                 raise ConvSetupError(f"bias needs a 3-5 dim activation, got {a.name!r} {a.shape}")
-            channels = a.shape[channel_axis(len(a.shape), a.layout)]
-            _expect(b, (channels,), f"one value per channel of {a.name!r}")
+            axis = channel_axis(len(a.shape), a.layout)
+            _expect(b, (a.shape[axis],), f"one value per channel of {a.name!r}, "
+                                          f"axis {axis} in {a.layout}")
             return
         if b.layout is not None and a.layout is not None and b.layout != a.layout:
             raise ConvSetupError(
@@ -438,6 +446,18 @@ class Graph:
 
         return build_plan(self, policy=policy, deterministic=deterministic,
                           allow_reduced_precision=allow_reduced_precision, cache=cache)
+
+
+def _layout_hint(x: Tensor, w: Tensor, args: dict[str, Any]) -> str:
+    """What to say about the layout when x and w do not make a conv in theirs."""
+    assert x.shape is not None and w.shape is not None
+    other = "NHWC" if args["layout"] == "NCHW" else "NCHW"
+    try:
+        make_problem("forward", x.shape, w.shape, **{**args, "layout": other})
+    except (ConvSetupError, TypeError):
+        return f" (shapes read as {args['layout']})"
+    return (f" (shapes read as {args['layout']}; they fit {other}: declare "
+            f"Graph(layout={other!r}) or tensor(..., layout={other!r}))")
 
 
 def _finite(value: Any, name: str) -> float:
