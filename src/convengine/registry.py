@@ -124,7 +124,7 @@ def algorithms(pass_: str = "forward", device: str = "cpu") -> list[str]:
     if device == "cuda":
         from . import gpu
 
-        return gpu.algorithms(pass_)
+        return gpu.names(pass_)
     if device != "cpu":
         raise ConvSetupError(f"device must be 'cpu' or 'cuda', got {device!r}")
     return list(_REGISTRY[pass_])

@@ -39,7 +39,7 @@ def wanted(algo: Any, *arrays: Any) -> bool:
     return (isinstance(algo, str) and algo in NAMES) or any(on_cuda(a) for a in arrays)
 
 
-def algorithms(pass_: str = "forward") -> list[str]:
+def names(pass_: str = "forward") -> list[str]:
     """The GPU algorithms registered for ``pass_`` (all serve every pass)."""
     if pass_ not in PASSES:
         from ..errors import ConvSetupError

@@ -72,6 +72,11 @@ def _tf32() -> bool:
     return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
+def _dot_f32(t: torch.Tensor) -> bool:
+    """Whether the dot runs in float32 (bfloat16 under the interpreter, see .kernels)."""
+    return tuning.INTERPRET and t.dtype == torch.bfloat16
+
+
 def launch_conv(problem: ConvProblem, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
                 *, backward_data: bool, direct: bool, bias: torch.Tensor | None = None,
                 act: int = 0, epi: int = 0, quant: tuple[Any, ...] | None = None) -> None:
@@ -97,7 +102,8 @@ def launch_conv(problem: ConvProblem, a: torch.Tensor, w: torch.Tensor, out: tor
         sb_q, sb_r = (taps * cg, 1) if not backward_data else (1, taps * cg)
         kern = tuning.igemm(m, q, r * taps, epi != 0)
         kern(a, w, out, bias_t, mult, zps, m, q, r, ad, ah, aw, pd, ph, pw, kd, kh, kw, *geo,
-             sb_q, sb_r, cg, a_zp, out_zp, lo, hi, TF32=_tf32(), **common, **fused)
+             sb_q, sb_r, cg, a_zp, out_zp, lo, hi, TF32=_tf32(), DOT_F32=_dot_f32(a), **common,
+             **fused)
         return
     if not backward_data:  # y[q=o] sums c = g * cg + r, w[o, tap, r]
         r, qg, sb_q, sb_g, sb_r = cg, o // g, taps * cg, 0, 1
@@ -127,7 +133,8 @@ def launch_wgrad(problem: ConvProblem, x: torch.Tensor, dy: torch.Tensor, dw: to
         bm, bn, bk = tuning.wgrad_blocks(o, c)
         grid = (triton.cdiv(o, bm), triton.cdiv(c, bn), kd * kh * kw)
         kernels.wgrad_kernel[grid](x, dy, dw, p, o, c, xd, xh, xw, pd, ph, pw, kh, kw, *geo,
-                                   TF32=_tf32(), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+                                   TF32=_tf32(), DOT_F32=_dot_f32(x), BLOCK_M=bm,
+                                   BLOCK_N=bn, BLOCK_K=bk)
         return
     bp, bn = tuning.wgrad_direct_blocks(o * cg)
     taps = kd * kh * kw

@@ -54,6 +54,10 @@ def meta(t: torch.Tensor) -> Any:
 
 def check_device(algo: str, **tensors: torch.Tensor) -> torch.device:
     """The operands' common device: CUDA, or CPU under the interpreter with a GPU algo."""
+    if algo != "auto" and algo not in NAMES:
+        raise ConvSetupError(
+            f"algo {algo!r} is not a GPU algorithm; CUDA operands take 'auto' or one of {NAMES}"
+        )
     devices = {t.device for t in tensors.values()}
     if len(devices) != 1:
         listing = ", ".join(f"{k} on {t.device}" for k, t in tensors.items())
@@ -77,10 +81,6 @@ def choose(problem: ConvProblem, algo: str) -> GpuAlgorithm:
                 return candidate
         reasons = "; ".join(f"{n}: {a.supports(problem)}" for n, a in table.items())
         raise ConvSetupError(f"no GPU algorithm serves {problem.describe()} ({reasons})")
-    if algo not in table:
-        raise ConvSetupError(
-            f"algo {algo!r} is not a GPU algorithm; CUDA operands take 'auto' or one of {NAMES}"
-        )
     why = table[algo].supports(problem)
     if why is not None:
         raise ConvSetupError(f"algo {algo!r} cannot serve {problem.describe()}: {why}")

@@ -15,6 +15,10 @@ Epilogues (``EPI``): 0 float (bias, activation ``ACT``: 0 none, 1 relu, 2 silu, 
 of :mod:`convengine.quant.numerics`; launches pass ``enable_fp_fusion=False`` so that
 no multiply and add fuse into an FMA, and rounding is half to even by the 1.5 * 2^mantissa
 trick (exact on the clamped range).
+
+``DOT_F32`` upcasts the ``tl.dot`` operands to float32 first: the interpreter multiplies
+bfloat16 as raw 16-bit integers, so bfloat16 runs there set it (exact products, the
+same float32 accumulation); GPUs run the bfloat16 tensor-core dot.
 """
 
 from __future__ import annotations
@@ -79,8 +83,8 @@ def igemm_kernel(
     SD, SH, SW, PAD_D, PAD_H, PAD_W, DLD, DLH, DLW, VD, VH, VW,
     sb_q, sb_r, sb_tap, a_zp, out_zp, lo, hi, M_BUCKET, Q_BUCKET, K_BUCKET,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EPI: tl.constexpr, TF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """y ``[M, Q]`` = sum over taps and ``R`` channels of A (gathered) x B, groups == 1.
 
@@ -132,6 +136,8 @@ def igemm_kernel(
                     b = tl.load(b_base + rr[:, None] * sb_r,
                                 mask=r_ok[:, None] & n_ok[None, :], other=0)
                     if EPI == 0:
+                        if DOT_F32:
+                            a, b = a.to(tl.float32), b.to(tl.float32)
                         if TF32:
                             acc += tl.dot(a, b, input_precision="tf32")
                         else:
@@ -207,7 +213,7 @@ def direct_kernel(
 def wgrad_kernel(
     x_ptr, dy_ptr, dw_ptr, P, NO, C, XD, XH, XW, PD, PH, PW, KH, KW,
     SD, SH, SW, PAD_D, PAD_H, PAD_W, DLD, DLH, DLW, TF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """dw ``(NO, T, C)`` [o, tap, c] = sum over the ``P`` output positions of
     dy[p, o] * x[in(p, tap), c], groups == 1; program axis 2 is the tap."""
@@ -238,6 +244,8 @@ def wgrad_kernel(
                       mask=(p < P)[None, :] & o_ok[:, None], other=0)
         xt = tl.load(x_ptr + row[:, None] + rn[None, :], mask=inside[:, None] & c_ok[None, :],
                      other=0)
+        if DOT_F32:
+            dyt, xt = dyt.to(tl.float32), xt.to(tl.float32)
         if TF32:
             acc += tl.dot(dyt, xt, input_precision="tf32")
         else:

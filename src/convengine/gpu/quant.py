@@ -17,7 +17,6 @@ import torch
 
 from ..errors import ConvSetupError
 from ..quant.api import _plan
-from . import NAMES
 from .algorithms import launch_conv, three
 from .dispatch import as_tensor, canonical, check_device, meta, restore
 
@@ -53,9 +52,6 @@ def qconv(x_q: Any, x_scale: Any, x_zero_point: Any, w_q: Any, w_scale: Any,
                  _host(out_zero_point), out_dtype, relu, bias_mode, stride, padding,
                  dilation, groups, layout, "auto")
     problem, rq = plan.problem, plan.requant
-    if algo not in ("auto", *NAMES):
-        raise ConvSetupError(f"algo {algo!r} is not a GPU algorithm; CUDA operands take "
-                             f"'auto' or one of {NAMES}")
     direct = algo == "gpu_direct" or (algo == "auto" and problem.groups != 1)
     if not direct and problem.groups != 1:
         raise ConvSetupError(f"algo 'gpu_implicit_gemm' cannot serve {problem.describe()}: "

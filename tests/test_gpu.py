@@ -1,0 +1,180 @@
+"""The Triton GPU algorithms, run by Triton's interpreter on CPU torch tensors
+(``TRITON_INTERPRET=1``, set here before the kernels are imported), against the
+float64 reference; int8 bit-exact with the CPU qconv. Small shapes: the interpreter
+runs every program in numpy. Tests that need a real GPU skip without one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import convengine as ce  # noqa: E402
+from convengine.gpu import dispatch, tuning  # noqa: E402
+
+if not tuning.INTERPRET and not torch.cuda.is_available():
+    pytest.skip("triton was imported without TRITON_INTERPRET=1 and there is no GPU",
+                allow_module_level=True)
+
+GEMM, DIRECT = "gpu_implicit_gemm", "gpu_direct"
+RNG = np.random.default_rng(16)
+
+
+def _t(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.from_numpy(RNG.standard_normal(shape).astype(np.float32)).to(dtype)
+
+
+def _f64(t: torch.Tensor) -> np.ndarray:
+    return t.double().numpy()
+
+
+def _close(got: torch.Tensor, want: np.ndarray, rtol: float = 1e-5) -> None:
+    """Error within ``rtol`` of the output scale (the largest |reference| value)."""
+    assert tuple(got.shape) == want.shape
+    scale = max(float(np.abs(want).max()), 1e-30)
+    err = float(np.abs(got.double().numpy() - want).max()) / scale
+    assert err <= rtol, f"relative error {err:.2e} > {rtol:.0e}"
+
+
+CASES = [  # (x shape NCHW, w shape, conv args): 1-D, 2-D, 3-D; stride, padding, dilation
+    ((2, 5, 9, 8), (7, 5, 3, 3), dict(stride=2, padding=1)),
+    ((1, 4, 11), (6, 4, 3), dict(dilation=2, padding=[(1, 2)])),
+    ((1, 3, 4, 5, 6), (4, 3, 2, 3, 2), dict(stride=(1, 2, 1), padding=1)),
+]
+
+
+@pytest.mark.parametrize("algo", [GEMM, DIRECT])
+@pytest.mark.parametrize("xs,ws,kw", CASES)
+def test_three_passes_match_reference(algo: str, xs: tuple, ws: tuple, kw: dict) -> None:
+    x, w = _t(xs), _t(ws)
+    want = ce.conv(_f64(x), _f64(w), algo="reference", **kw)
+    _close(ce.conv(x, w, algo=algo, **kw), want)
+    dy = _t(want.shape)
+    want_dx = ce.conv_backward_data(_f64(dy), _f64(w), xs, algo="reference", **kw)
+    _close(ce.conv_backward_data(dy, w, xs, algo=algo, **kw), want_dx)
+    want_dw = ce.conv_backward_weight(_f64(x), _f64(dy), ws, algo="reference", **kw)
+    _close(ce.conv_backward_weight(x, dy, ws, algo=algo, **kw), want_dw)
+
+
+@pytest.mark.parametrize("groups,ws", [(2, (6, 2, 3, 3)), (4, (8, 1, 3, 3))])  # grouped, depthwise
+def test_direct_serves_groups_and_depthwise(groups: int, ws: tuple) -> None:
+    xs, kw = (2, 4, 7, 6), dict(stride=(2, 1), padding=1, groups=groups)
+    x, w = _t(xs), _t(ws)
+    want = ce.conv(_f64(x), _f64(w), algo="reference", **kw)
+    _close(ce.conv(x, w, algo=DIRECT, **kw), want)
+    dy = _t(want.shape)
+    _close(ce.conv_backward_data(dy, w, xs, algo=DIRECT, **kw),
+           ce.conv_backward_data(_f64(dy), _f64(w), xs, algo="reference", **kw))
+    _close(ce.conv_backward_weight(x, dy, ws, algo=DIRECT, **kw),
+           ce.conv_backward_weight(_f64(x), _f64(dy), ws, algo="reference", **kw))
+    with pytest.raises(ce.ConvSetupError, match="groups"):
+        ce.conv(x, w, algo=GEMM, **kw)
+
+
+@pytest.mark.parametrize("dtype,rtol", [(torch.float16, 2e-3), (torch.bfloat16, 1.6e-2)])
+def test_half_inputs_accumulate_in_float32(dtype: torch.dtype, rtol: float) -> None:
+    x, w = _t((2, 32, 6, 6), dtype), _t((16, 32, 3, 3), dtype)
+    want = ce.conv(_f64(x), _f64(w), padding=1, algo="reference")
+    y = ce.conv(x, w, padding=1, algo=GEMM)
+    assert y.dtype == dtype
+    _close(y, want, rtol)  # 288-term sums: fp16/bf16 accumulation would miss these bounds
+    dy = _t(want.shape, dtype)
+    dw = ce.conv_backward_weight(x, dy, w.shape, padding=1, algo=GEMM)
+    _close(dw, ce.conv_backward_weight(_f64(x), _f64(dy), w.shape, padding=1, algo="reference"),
+           rtol)
+
+
+@pytest.mark.parametrize("activation", ["relu", "silu", "gelu"])
+def test_bias_and_activation_in_the_epilogue(activation: str) -> None:
+    x, w, b = _t((1, 6, 5, 5)), _t((5, 6, 3, 3)), _t((5,))
+    want = torch.from_numpy(ce.conv(_f64(x), _f64(w), _f64(b), algo="reference"))
+    act = {"relu": torch.relu, "silu": torch.nn.functional.silu,
+           "gelu": torch.nn.functional.gelu}[activation]
+    y = dispatch.conv(x, w, b, algo=GEMM, activation=activation)
+    _close(y, act(want).numpy())
+    with pytest.raises(ValueError, match="activation"):
+        dispatch.conv(x, w, b, algo=GEMM, activation="tanh")
+
+
+def test_conv_transpose_with_output_padding_and_bias() -> None:
+    x, w, b = _t((2, 4, 4, 5)), _t((4, 3, 3, 3)), _t((3,))
+    kw = dict(stride=2, padding=1, output_padding=1)
+    want = ce.conv_transpose(_f64(x), _f64(w), _f64(b), algo="reference", **kw)
+    for algo in (GEMM, DIRECT):
+        _close(ce.conv_transpose(x, w, b, algo=algo, **kw), want)
+
+
+def _q(shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return RNG.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+QCASES = [  # (x dtype, w dtype, groups, algo, bias mode, out dtype)
+    (np.uint8, np.int8, 1, GEMM, "float", np.uint8),
+    (np.int8, np.uint8, 1, GEMM, "int32", np.int8),
+    (np.uint8, np.int8, 1, GEMM, "int32", np.int32),
+    (np.int8, np.int8, 2, DIRECT, "float", np.int8),
+    (np.uint8, np.int8, 8, DIRECT, "int32", np.uint8),
+]
+
+
+@pytest.mark.parametrize("xdt,wdt,groups,algo,mode,odt", QCASES)
+def test_qconv_bit_exact_with_cpu(xdt: type, wdt: type, groups: int, algo: str, mode: str,
+                                  odt: type) -> None:
+    x, w = _q((2, 8, 7, 9), xdt), _q((8, 8 // groups, 3, 3), wdt)
+    xzp = 3 if xdt is np.uint8 else -2
+    wzp = RNG.integers(-3, 4, 8) if wdt is np.int8 else RNG.integers(120, 130, 8)
+    ws = RNG.uniform(0.001, 0.01, 8).astype(np.float32)
+    bias = (RNG.normal(size=8).astype(np.float32) if mode == "float"
+            else RNG.integers(-1000, 1000, 8).astype(np.int32))
+    args: dict = dict(bias_mode=mode, out_dtype=odt, stride=(1, 2), padding=1, groups=groups)
+    if odt is not np.int32:
+        args.update(out_scale=0.05, out_zero_point=7, relu=mode == "float")
+    want = ce.qconv(x, 0.02, xzp, w, ws, wzp, bias, **args)
+    got = ce.qconv(torch.from_numpy(x), 0.02, xzp, torch.from_numpy(w), ws, wzp, bias,
+                   algo=algo, **args)
+    assert got.dtype == {np.uint8: torch.uint8, np.int8: torch.int8, np.int32: torch.int32}[odt]
+    assert len(np.unique(want)) > 10  # not saturated: the rounding is exercised
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_gpu_algorithms_listed_and_explained() -> None:
+    assert ce.algorithms("backward_weight", device="cuda") == [GEMM, DIRECT]
+    with pytest.raises(ce.ConvSetupError, match="device"):
+        ce.algorithms("forward", device="tpu")
+    e = dispatch.explain("forward", _t((1, 4, 5, 5)), _t((4, 1, 3, 3)), groups=4)
+    assert e.chosen == DIRECT and GEMM in e.refused and "groups" in e.refused[GEMM]
+
+
+def test_bad_requests_are_setup_errors() -> None:
+    x, w = _t((1, 4, 5, 5)), _t((4, 4, 3, 3))
+    with pytest.raises(ce.ConvSetupError, match="float64"):
+        ce.conv(x.double(), w.double(), algo=GEMM)
+    with pytest.raises(ce.ConvSetupError, match="not a GPU algorithm"):
+        dispatch.conv(x, w, algo="im2col")
+    with pytest.raises(ce.ConvSetupError, match="w.dtype"):
+        ce.conv(x, w.half(), algo=GEMM)
+
+
+def test_cpu_calls_import_neither_triton_nor_the_gpu_kernels() -> None:
+    code = ("import sys, numpy as np, convengine as ce; "
+            "ce.conv(np.ones((1, 2, 4, 4), np.float32), np.ones((3, 2, 3, 3), np.float32)); "
+            "bad = [m for m in ('triton', 'convengine.gpu.kernels') if m in sys.modules]; "
+            "assert not bad, bad")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none present)")
+def test_cuda_tensors_stay_on_the_device() -> None:
+    x, w = _t((2, 16, 9, 9)).cuda(), _t((32, 16, 3, 3)).cuda()
+    y = ce.conv(x, w, padding=1)
+    assert y.is_cuda
+    _close(y.cpu(), ce.conv(_f64(x.cpu()), _f64(w.cpu()), padding=1, algo="reference"))
