@@ -23,6 +23,7 @@ from .problem import (
     check_float_dtypes,
     check_layout,
     check_shape,
+    geometry,
     make_problem,
     normalize_padding,
     shape_tuple,
@@ -159,7 +160,8 @@ def backward_data_problem(
         "backward_data", _shape(input_shape, "input_shape"), w.shape, dtype=dtype,
         x_name="input_shape", **conv_args,
     )
-    check_shape(dy.shape, problem.y_shape(), "dy", f"the conv output of input_shape {problem.x_shape()}")
+    check_shape(dy.shape, problem.y_shape(), "dy",
+                f"the conv output of input_shape {problem.x_shape()}, {geometry(problem)}")
     return problem
 
 
@@ -171,7 +173,8 @@ def backward_weight_problem(
         "backward_weight", x.shape, _shape(weight_shape, "weight_shape"), dtype=dtype,
         w_name="weight_shape", **conv_args,
     )
-    why = f"the conv output of x {x.shape} and weight_shape {problem.w_shape()}"
+    why = (f"the conv output of x {x.shape} and weight_shape {problem.w_shape()}, "
+           f"{geometry(problem)}")
     check_shape(dy.shape, problem.y_shape(), "dy", why)
     return problem
 
@@ -195,8 +198,11 @@ def transpose_problem(
         # make_problem phrases rank errors; feed it the shapes as they are
         make_problem("forward", x.shape, w.shape, dtype=dtype, layout=layout)
     ndim, layout = x.ndim - 2, check_layout(layout)
-    _, _, in_size = split_shape(x.shape, layout)
+    _, x_channels, in_size = split_shape(x.shape, layout)
     _, w_channels, kernel = split_shape(w.shape, layout)
+    if min(x_channels, *in_size) < 1:
+        raise ConvSetupError(f"empty dims: x shape {x.shape} ({layout}) needs channels and "
+                             f"spatial sizes >= 1 (only the batch may be 0)")
     stride_t = spatial_tuple(stride, ndim, "stride", 1)
     dilation_t = spatial_tuple(dilation, ndim, "dilation", 1)
     out_pad = spatial_tuple(output_padding, ndim, "output_padding", 0)
@@ -235,7 +241,7 @@ def transpose_problem(
     expected = list(problem.y_shape())
     for dim, n in zip(range(2, 2 + ndim) if nchw else range(1, 1 + ndim), in_size):
         expected[dim] = n
-    check_shape(x.shape, expected, "x", "input of the transposed convolution")
+    check_shape(x.shape, expected, "x", f"input of the transposed convolution, {geometry(problem)}")
     return problem
 
 

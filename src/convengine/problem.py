@@ -385,15 +385,18 @@ def output_size(
     stride: Sequence[int],
     padding: Sequence[Pair],
     dilation: Sequence[int],
+    names: tuple[str, str] = ("x", "w"),
 ) -> tuple[int, ...]:
-    """Forward output size per dim; ConvSetupError if the kernel does not fit."""
+    """Forward output size per dim; ConvSetupError (naming ``names``, the arguments x and
+    w came from) if the kernel does not fit."""
     out = []
     for i, (n, k, s, (lo, hi), d) in enumerate(zip(in_size, kernel, stride, padding, dilation)):
         padded, extent = n + lo + hi, d * (k - 1) + 1
         size = (padded - extent) // s + 1
         if padded < extent:
             raise ConvSetupError(
-                f"kernel larger than the padded input in spatial dim {i}: dilated kernel "
+                f"kernel larger than the padded input in spatial dim {i} ({names[1]} "
+                f"kernel over {names[0]}): dilated kernel "
                 f"extent {extent} > padded input {padded} (input {n} + padding {lo}+{hi}; "
                 f"kernel {k}, dilation {d}); "
                 f"the computed output size would be {size}"
@@ -512,7 +515,7 @@ def build_problem(
     dilation_t = spatial_tuple(dilation, ndim, "dilation", 1)
     padding_t = normalize_padding(padding, in_size, kernel, stride_t, dilation_t)
     _check_extents(in_size, kernel, stride_t, padding_t, dilation_t)
-    out_size = output_size(in_size, kernel, stride_t, padding_t, dilation_t)
+    out_size = output_size(in_size, kernel, stride_t, padding_t, dilation_t, (x_name, w_name))
     result = {"forward": ("the output y", (batch, out_channels, *out_size)),
               "backward_data": (x_name, x_shape), "backward_weight": (w_name, w_shape)}
     name, shape = result[pass_]
@@ -534,6 +537,12 @@ def build_problem(
         dilation=dilation_t,
         has_bias=has_bias,
     )
+
+
+def geometry(problem: ConvProblem) -> str:
+    """The arguments besides the shapes, for messages: stride, padding, dilation, groups."""
+    return (f"stride {problem.stride}, padding {problem.padding}, dilation "
+            f"{problem.dilation}, groups {problem.groups}, layout {problem.layout}")
 
 
 def check_shape(actual: Sequence[int], expected: Sequence[int], name: str, why: str) -> None:
