@@ -178,3 +178,22 @@ def test_cuda_tensors_stay_on_the_device() -> None:
     y = ce.conv(x, w, padding=1)
     assert y.is_cuda
     _close(y.cpu(), ce.conv(_f64(x.cpu()), _f64(w.cpu()), padding=1, algo="reference"))
+
+
+def test_torch_functions_and_modules_route_to_the_gpu() -> None:
+    import convengine.torch as cet
+
+    torch.manual_seed(16)
+    m = cet.Conv2d(6, 8, 3, stride=2, padding=1, algo=GEMM)
+    t = cet.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1, algo=DIRECT)
+    x = torch.randn(2, 6, 7, 7, requires_grad=True)
+    (t(m(x)) ** 2).sum().backward()
+    grads = [x.grad, m.weight.grad, m.bias.grad, t.weight.grad, t.bias.grad]
+    x2 = x.detach().double().requires_grad_()
+    w1, b1, w2, b2 = (p.detach().double().requires_grad_() for p in
+                      (m.weight, m.bias, t.weight, t.bias))
+    y = torch.nn.functional.conv2d(x2, w1, b1, stride=2, padding=1)
+    y = torch.nn.functional.conv_transpose2d(y, w2, b2, stride=2, padding=1, output_padding=1)
+    (y ** 2).sum().backward()
+    for got, want in zip(grads, [x2.grad, w1.grad, b1.grad, w2.grad, b2.grad]):
+        _close(got, want.numpy(), 1e-5)

@@ -57,3 +57,10 @@ def route(call: str, *args: Any, **kwargs: Any) -> Any:
     from . import dispatch
 
     return getattr(dispatch, call)(*args, **kwargs)
+
+
+def autograd_fn(kind: str) -> Any:
+    """convengine.torch's autograd Function for device tensors: "conv" or "conv_transpose"."""
+    from . import autograd
+
+    return autograd.ConvFn if kind == "conv" else autograd.ConvTransposeFn

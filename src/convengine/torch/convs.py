@@ -1,6 +1,7 @@
 """Float convolutions for PyTorch: autograd Functions, ``nn`` modules, ``replace_convs``.
 
-CPU tensors only. Tensors reach the engine as numpy views (no copy); results come
+CUDA tensors (and ``algo="gpu_*"``) go to :mod:`convengine.gpu.autograd`'s Functions.
+CPU tensors reach the engine as numpy views (no copy); results come
 back through ``torch.from_numpy`` (no copy). 2-D and 3-D convs run channels-last
 and return channels-last memory (``torch.channels_last``/``channels_last_3d``), as
 PyTorch's channels-last convs do; gradients keep the memory format of what they are
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from .. import api
+from .. import api, gpu
 
 __all__ = [
     "Conv1d",
@@ -226,7 +227,8 @@ def conv(
     x = input if batched else input.unsqueeze(0)
     conf = {"stride": stride, "padding": padding, "dilation": dilation,
             "groups": groups, "algo": algo}
-    y = _ConvFn.apply(x, weight, bias, conf)
+    fn = gpu.autograd_fn("conv") if gpu.wanted(algo, x, weight) else _ConvFn  # CUDA: Triton
+    y = fn.apply(x, weight, bias, conf)
     return y if batched else y.squeeze(0)
 
 
@@ -250,7 +252,9 @@ def conv_transpose(
     x = input if batched else input.unsqueeze(0)
     conf = {"stride": stride, "padding": padding, "dilation": dilation,
             "groups": groups, "algo": algo}
-    y = _ConvTransposeFn.apply(x, weight, bias, conf, output_padding)
+    fn = (gpu.autograd_fn("conv_transpose") if gpu.wanted(algo, x, weight)
+          else _ConvTransposeFn)
+    y = fn.apply(x, weight, bias, conf, output_padding)
     return y if batched else y.squeeze(0)
 
 

@@ -1,0 +1,87 @@
+"""``convengine.torch``'s autograd Functions for device tensors: the same arguments
+as its CPU Functions (``apply(x, w, bias, conf[, output_padding])``, NCHW tensors),
+every pass on the GPU kernels, results and gradients on the device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+from .. import api
+from . import dispatch
+
+
+def _geom(conf: dict[str, Any]) -> dict[str, Any]:
+    return {k: conf[k] for k in ("stride", "padding", "dilation", "groups")}
+
+
+def _pairs(padding: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    return tuple((int(lo), int(hi)) for lo, hi in padding)
+
+
+def _bias_grad(dy: torch.Tensor) -> torch.Tensor:
+    return dy.sum(dim=(0, *range(2, dy.dim())))
+
+
+class ConvFn(torch.autograd.Function):
+    """y = conv(x, w) + b on the GPU; backward: the GPU backward-data and backward-weight."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, x: torch.Tensor, w: torch.Tensor,
+                bias: torch.Tensor | None, conf: dict[str, Any]) -> torch.Tensor:
+        problem = api.forward_problem(dispatch.meta(x), dispatch.meta(w), bias, **_geom(conf))
+        conf = {**conf, "padding": _pairs(problem.padding)}  # "same" resolved once
+        ctx.save_for_backward(x, w)
+        ctx.conf = conf  # type: ignore[attr-defined]
+        return dispatch.conv(x, w, bias, algo=conf["algo"], **_geom(conf))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        x, w = ctx.saved_tensors
+        conf = ctx.conf
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = dispatch.conv_backward_data(dy, w, x.shape, algo=conf["algo"], **_geom(conf))
+        if ctx.needs_input_grad[1]:
+            dw = dispatch.conv_backward_weight(x, dy, w.shape, algo=conf["algo"],
+                                               **_geom(conf))
+        if ctx.needs_input_grad[2]:
+            db = _bias_grad(dy)
+        return dx, dw, db, None
+
+
+class ConvTransposeFn(torch.autograd.Function):
+    """y = conv_transpose(x, w) + b on the GPU: the backward-data pass of the conv F
+    mapping y to x; dx = F(dy), dw = F's backward-weight of (dy, x)."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, x: torch.Tensor, w: torch.Tensor,
+                bias: torch.Tensor | None, conf: dict[str, Any],
+                output_padding: Any) -> torch.Tensor:
+        problem = api.transpose_problem(dispatch.meta(x), dispatch.meta(w), bias,
+                                        output_padding=output_padding, **_geom(conf))
+        conf = {**conf, "padding": _pairs(problem.padding)}
+        ctx.save_for_backward(x, w)
+        ctx.conf = conf  # type: ignore[attr-defined]
+        return dispatch.conv_transpose(x, w, bias, output_padding=output_padding,
+                                       algo=conf["algo"], **_geom(conf))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        x, w = ctx.saved_tensors
+        conf = ctx.conf
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = dispatch.conv(dy, w, algo=conf["algo"], **_geom(conf))
+            if tuple(dx.shape) != tuple(x.shape):  # output_padding below the dilation
+                dx = dx[tuple(slice(0, n) for n in x.shape)]
+        if ctx.needs_input_grad[1]:
+            dw = dispatch.conv_backward_weight(dy, x, w.shape, algo=conf["algo"],
+                                               **_geom(conf))
+        if ctx.needs_input_grad[2]:
+            db = _bias_grad(dy)
+        return dx, dw, db, None, None
