@@ -4,6 +4,7 @@ processes filling it at once, the slow-compile log line."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -15,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import convengine as ce
 from convengine import _kernel_cache as kc
+from convengine.suites import suite
 
 HOME = "convengine._kernel_cache"  # any importable module will do as the kernels' home
 
@@ -170,3 +173,44 @@ def test_source_refuses_unbound_closures_and_bad_tags() -> None:
         kc.Source(HOME, "t").function(needs)
     with pytest.raises(ValueError, match="tag"):
         kc.Source(HOME, "a-b")
+
+
+def test_warmup_compiles_without_tuning_unless_asked(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from convengine import registry
+    from convengine.tune import tuner
+    from test_tune_helpers import fast_registry, problem
+
+    monkeypatch.setenv("CONVENGINE_CACHE_DIR", str(tmp_path))
+    for pass_, table in fast_registry().items():
+        monkeypatch.setitem(registry._REGISTRY, pass_, table)
+    previous = ce.set_tuning("on")
+    try:
+        problems = [problem(p) for p in ("forward", "backward_data", "backward_weight")]
+        done = ce.warmup(problems, int8=problems[:1], progress=False)
+        assert [(w.problem, w.kind) for w in done] == [
+            *((p, "float") for p in problems), (problems[0], "int8")]
+        assert all(w.seconds > 0 for w in done)
+        assert tuner.default_cache().entries() == [] and ce.get_tuning() == "on"
+        ce.warmup(problems, tune=True, progress=False)
+        assert len(tuner.default_cache().entries()) == 3
+    finally:
+        ce.set_tuning(previous)
+    with pytest.raises(TypeError, match=r"problems\[0\] must be a ConvProblem"):
+        ce.warmup(["resnet50"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"int8\[0\] must be a forward problem"):
+        ce.warmup(int8=problems[1:])
+
+
+def test_warmup_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                        capsys: pytest.CaptureFixture[str]) -> None:
+    from convengine import cli
+
+    monkeypatch.setenv("CONVENGINE_CACHE_DIR", str(tmp_path))
+    assert cli.main(["warmup", "--suite", "conv1d", "--batch", "1", "--dtype", "int8",
+                     "--quiet", "--json", "-"]) == 0
+    calls = json.loads(capsys.readouterr().out)["calls"]
+    assert len(calls) == len(suite("conv1d")) and {c["kind"] for c in calls} == {"int8"}
+    assert cli.main(["warmup", "--suite", "resnet50,nope"]) == 2
+    assert "--suite: unknown value 'nope'" in capsys.readouterr().err
+    assert cli.main(["warmup", "--dtype", "int4"]) == 2

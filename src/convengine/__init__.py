@@ -4,6 +4,7 @@ The public API is re-exported here; see the README for the tables.
 """
 
 from . import algorithms as _algorithms  # noqa: F401  (registers every algorithm)
+from ._kernel_cache import KernelCacheWarning
 from ._version import __version__
 from .api import conv, conv_backward_data, conv_backward_weight, conv_transpose, explain
 from .errors import ConvSetupError
@@ -15,12 +16,14 @@ from .registry import algorithms
 from .select import Explanation
 from .threads import get_num_threads, set_num_threads
 from .tune import TuneResult, TuningCacheWarning, get_tuning, set_tuning, tune
+from .warmup import warmup
 
 __all__ = [
     "ConvProblem",
     "ConvSetupError",
     "Explanation",
     "Graph",
+    "KernelCacheWarning",
     "Plan",
     "PlanCache",
     "TuneResult",
@@ -44,4 +47,5 @@ __all__ = [
     "set_num_threads",
     "set_tuning",
     "tune",
+    "warmup",
 ]

@@ -1,9 +1,10 @@
-"""The ``convengine`` command: bench, tune, cache, explain, demo.
+"""The ``convengine`` command: bench, tune, cache, warmup, explain, demo.
 
     convengine bench [--suite resnet50] [--pass fwd,bwd_data,bwd_weight] [--compare torch]
     convengine tune --suite all
     convengine cache show | clear | export FILE | import FILE [--force]
     convengine explain --x 8,64,56,56 --w 64,64,3,3 --padding 1
+    convengine warmup [--suite resnet50,mobilenet_v2] [--batch 1,8] [--dtype float32,int8] [--tune]
     convengine demo [--epochs 8] [--seed 0] [--out DIR]
 
 Tables go to stdout, progress bars to stderr (on a terminal, unless ``--quiet``);
@@ -32,6 +33,7 @@ from .errors import ConvSetupError
 from .problem import PASSES, ConvProblem, make_problem
 from .tune import bench as tune_bench
 from .tune import keys, transfer, tuner
+from .warmup import warmup
 
 _NUMBER = re.compile(r"^-?[\d.,]+x?$|^-$")
 PASS_ALIASES = {"fwd": "forward", "bwd_data": "backward_data", "bwd_weight": "backward_weight",
@@ -375,6 +377,47 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- warmup
+
+WARMUP_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8")
+
+
+def _names(text: str, allowed: Sequence[str], option: str) -> list[str]:
+    names = [v.strip() for v in text.split(",")]
+    for v in names:
+        if v not in allowed:
+            raise ConvSetupError(f"{option}: unknown value {v!r}; expected a comma-separated "
+                                 f"list of {', '.join(allowed)}")
+    return names
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    if args.threads is not None:
+        _set_threads(args.threads)
+    names = _names(args.suite, [*suites.suite_names(), "all"], "--suite")
+    batches: list[int | None] = list(_ints(args.batch, "--batch")) if args.batch else [None]
+    dtypes = _names(args.dtype, WARMUP_DTYPES, "--dtype")
+    floats = [d for d in dtypes if d != "int8"]
+    passes = _passes(args.pass_)
+    layers = [la for n in names for b in batches for la in suites.suite(n, b)]
+    problems = [la.problem(p, dtype=d, layout=args.layout)
+                for la in layers for d in floats for p in passes]
+    int8 = [la.problem("forward", layout=args.layout) for la in layers if "int8" in dtypes]
+    start = time.perf_counter()
+    done = warmup(problems, int8=int8, tune=args.tune,
+                         progress=False if args.quiet else None)
+    total = time.perf_counter() - start
+    _emit_json(args.json, {"seconds": total, "calls": [
+        {"problem": w.problem.describe(), "kind": w.kind, "seconds": w.seconds} for w in done]})
+    if args.json != "-" and not args.quiet:
+        slow = sorted(done, key=lambda w: -w.seconds)[:5]
+        print(f"warmed {len(done)} calls in {total:.1f} s (kernels: "
+              f"{_kernel_cache.kernel_dir()}); slowest:")
+        for w in slow:
+            print(f"  {w.seconds:7.2f} s  {w.kind:5s}  {w.problem.describe()}")
+    return 0
+
+
 # --------------------------------------------------------------------------- explain
 
 
@@ -467,6 +510,23 @@ def parser() -> argparse.ArgumentParser:
                    help="import: take entries measured on another host as this host's")
     _common(p, "show: the entries")
     p.set_defaults(func=cmd_cache)
+
+    p = sub.add_parser("warmup", help="compile (and with --tune, tune) every kernel of "
+                                      "layer suites ahead of time, e.g. in a Docker build")
+    p.add_argument("--suite", default="resnet50",
+                   help=f"comma-separated suites: {', '.join(suites.suite_names())}, all "
+                        "(default resnet50)")
+    p.add_argument("--batch", help="comma-separated batch sizes (default: each suite's)")
+    p.add_argument("--dtype", default="float32",
+                   help=f"comma-separated: {', '.join(WARMUP_DTYPES)} (default float32)")
+    p.add_argument("--pass", "--passes", dest="pass_", default="fwd", metavar="PASSES",
+                   help="comma-separated passes: fwd,bwd_data,bwd_weight (default fwd)")
+    p.add_argument("--layout", default="NCHW", choices=["NCHW", "NHWC"],
+                   help="the layout your calls use (default NCHW)")
+    p.add_argument("--threads", type=int, help="threads of numba and BLAS, as your calls use")
+    p.add_argument("--tune", action="store_true", help="tune the problems first")
+    _common(p, "per-call seconds")
+    p.set_defaults(func=cmd_warmup)
 
     p = sub.add_parser("explain", help="the algorithm table for one problem")
     p.add_argument("--x", required=True, help="input shape, e.g. 8,64,56,56")
