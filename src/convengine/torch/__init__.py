@@ -25,7 +25,7 @@ from .convs import (
 )
 from .fused import FusedConv2d
 from .optimize import fold_batchnorm, optimize
-from .quantized import QConv2d
+from .quantized import QConv2d, replace_quantized_convs
 
 __all__ = [
     "Conv1d",
@@ -42,5 +42,6 @@ __all__ = [
     "from_numpy",
     "optimize",
     "replace_convs",
+    "replace_quantized_convs",
     "to_numpy",
 ]

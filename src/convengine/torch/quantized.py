@@ -1,16 +1,27 @@
-"""Quantized convolutions for PyTorch: ``QConv2d`` on :func:`convengine.qconv`."""
+"""Quantized convolutions for PyTorch: ``QConv2d`` on convengine's int8 kernels, and
+``replace_quantized_convs`` for FX-/eager-quantized models.
+
+No per-call copies: quantized activations are read through uint8/int8 views of their
+memory (a uint8/int8 tensor set on their storage, not ``int_repr()``), weights are held
+channels-last so the kernels' prepacked form stays valid, and results are written
+straight into a channels-last quantized tensor. Only a conv whose input is not
+channels-last (the network's first) converts it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch  # absolute import: PyTorch, not this package
 from torch import nn
 
 from ..errors import ConvSetupError
-from ..quant import qconv
+from ..quant.api import _cached_plan, _canonical, _run
 
-__all__ = ["QConv2d"]
+__all__ = ["QConv2d", "replace_quantized_convs"]
+
+_INT_VIEWS = {torch.quint8: torch.uint8, torch.qint8: torch.int8}
 
 def _quantized_classes() -> tuple[type[nn.Module], type[nn.Module]]:
     """PyTorch's quantized Conv2d and ConvReLU2d (imported late: a deprecated namespace)."""
@@ -57,7 +68,9 @@ class QConv2d(nn.Module):
                 f"weight must be a 4-D int8 tensor of quantized values (O, C // groups, "
                 f"kH, kW), got dtype {weight.dtype} and shape {tuple(weight.shape)}"
             )
-        self.register_buffer("weight", weight.detach().clone())
+        # channels-last memory: its (O, kH, kW, C // g) numpy view is C-contiguous
+        self.register_buffer(
+            "weight", weight.detach().clone().contiguous(memory_format=torch.channels_last))
         self.register_buffer("w_scale", torch.as_tensor(w_scale, dtype=torch.float64))
         self.register_buffer("w_zero_point", torch.as_tensor(w_zero_point, dtype=torch.int64))
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
@@ -73,18 +86,25 @@ class QConv2d(nn.Module):
             )
         if input.qscheme() != torch.per_tensor_affine:
             raise ConvSetupError(f"input must be quantized per tensor, got {input.qscheme()}")
-        x = input.int_repr().numpy()  # a quantized tensor exports no buffer: one copy
+        if input.dtype not in _INT_VIEWS or input.dim() != 4:
+            raise ConvSetupError(f"input must be a 4-D quint8 or qint8 tensor (N, C, H, W), "
+                                 f"got {input.dtype} of shape {tuple(input.shape)}")
+        x = _nhwc(input)
+        w = _nhwc(self.weight)
         bias = None if self.bias is None else self.bias.numpy()
-        y = qconv(
-            x, input.q_scale(), input.q_zero_point(), self.weight.numpy(),
-            self.w_scale.numpy(), self.w_zero_point.numpy(), bias,
-            out_scale=self.scale, out_zero_point=self.zero_point, out_dtype=x.dtype,
-            relu=self.relu, bias_mode="float", stride=self.stride, padding=self.padding,
-            dilation=self.dilation, groups=self.groups, algo=self.algo,
-        )
-        return torch._make_per_tensor_quantized_tensor(
-            torch.from_numpy(y), self.scale, self.zero_point
-        )
+        plan = _cached_plan((
+            x.shape, x.dtype, w.shape, w.dtype, input.q_scale(), input.q_zero_point(),
+            self.w_scale.numpy(), self.w_zero_point.numpy(), bias, self.scale,
+            self.zero_point, x.dtype, self.relu, "float", self.stride, self.padding,
+            self.dilation, self.groups, "NHWC", self.algo))
+        n, *size, o = plan.problem.y_shape("NHWC")
+        out = torch._empty_affine_quantized(
+            (n, o, *size), scale=self.scale, zero_point=self.zero_point,
+            dtype=input.dtype, memory_format=torch.channels_last)
+        y = _nhwc(out).reshape(-1, o)  # a view: results land in ``out``
+        if y.size:
+            _run(plan, _canonical(x, plan.problem), w, y)
+        return out
 
     def extra_repr(self) -> str:
         return (f"{tuple(self.weight.shape)}, stride={self.stride}, padding={self.padding}, "
@@ -170,3 +190,34 @@ class QConv2d(nn.Module):
         q.set_weight_bias(wq, None if module.bias is None else module.bias.detach().float())
         q.scale, q.zero_point = float(scale), int(zero_point)
         return cls.from_quantized(q, algo=algo)
+
+
+def _nhwc(t: torch.Tensor) -> np.ndarray:
+    """A (N, H, W, C) numpy view of an NCHW-shaped quantized or int8 tensor (its 8-bit
+    values, no copy; C-contiguous when ``t`` is channels-last)."""
+    if t.is_quantized:  # (Tensor.view(torch.uint8) keeps the quantized flag: unusable)
+        t = torch.empty(0, dtype=_INT_VIEWS[t.dtype]).set_(
+            t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+    return t.permute(0, 2, 3, 1).numpy()
+
+
+def replace_quantized_convs(model: nn.Module, *, algo: str = "auto") -> nn.Module:
+    """Swap every PyTorch quantized ``Conv2d`` / ``ConvReLU2d`` inside ``model`` (an
+    FX- or eager-quantized model, fbgemm or x86 engine) for :meth:`QConv2d.from_quantized`,
+    in place, and return ``model`` (or the QConv2d, when ``model`` is such a conv).
+
+    Quantized convs QConv2d cannot serve (non-zero padding modes) are left as they are.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(algo, str):
+        raise TypeError(f"algo must be a string ('auto' or an int8 algorithm), got {algo!r}")
+    conv_cls, conv_relu_cls = _quantized_classes()
+    kinds = (conv_cls, conv_relu_cls)
+    if type(model) in kinds and model.padding_mode == "zeros":
+        return QConv2d.from_quantized(model, algo=algo)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) in kinds and child.padding_mode == "zeros":
+                setattr(parent, name, QConv2d.from_quantized(child, algo=algo))
+    return model

@@ -1,0 +1,107 @@
+"""``replace_quantized_convs`` on FX-quantized models (prepare_fx / convert_fx, fbgemm
+and x86 engines, per-channel weights) against PyTorch's own quantized model."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import convengine.torch as cet  # noqa: E402
+from convengine.torch.quantized import _nhwc  # noqa: E402
+from test_torch_optimize import Block, Inverted, _bench_models, _randomize_bn  # noqa: E402
+
+CL = torch.channels_last
+
+
+@pytest.fixture(params=["fbgemm", "x86"])
+def engine(request, monkeypatch):
+    monkeypatch.setattr(torch.backends.quantized, "engine", request.param)
+    return request.param
+
+
+def _fx_quantized(model: nn.Module, shape: tuple[int, ...], engine: str) -> nn.Module:
+    """PyTorch's FX post-training quantization, calibrated on four random batches."""
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    g = torch.Generator().manual_seed(11)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notices
+        prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping(engine),
+                              example_inputs=(torch.randn(shape),))
+        with torch.no_grad():
+            for _ in range(4):
+                prepared(torch.randn(shape, generator=g))
+        return convert_fx(prepared)
+
+
+def _quantized_convs(model: nn.Module) -> int:
+    import torch.ao.nn.quantized as nnq
+
+    return sum(isinstance(m, nnq.Conv2d) for m in model.modules())
+
+
+def _check_bit_exact(model: nn.Module, shape: tuple[int, ...], engine: str) -> None:
+    q = _fx_quantized(_randomize_bn(model), shape, engine)
+    convs = _quantized_convs(q)
+    assert convs > 0
+    ours = cet.replace_quantized_convs(copy.deepcopy(q))
+    assert _quantized_convs(ours) == 0
+    assert sum(isinstance(m, cet.QConv2d) for m in ours.modules()) == convs
+    layouts = []
+    for m in ours.modules():
+        if isinstance(m, cet.QConv2d):
+            m.register_forward_hook(
+                lambda mod, args, out: layouts.append(out.is_contiguous(memory_format=CL)))
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(12))
+    with torch.no_grad():
+        want, got = q(x), ours(x)
+    assert layouts == [True] * convs
+    assert torch.equal(got, want), f"max difference {(got - want).abs().max().item():.3g}"
+
+
+def test_resnet_block_bit_exact(engine):
+    _check_bit_exact(Block(), (2, 8, 8, 8), engine)
+
+
+def test_inverted_residual_bit_exact(engine):
+    _check_bit_exact(Inverted(), (2, 3, 9, 7), engine)
+
+
+@pytest.mark.parametrize("name,width", [("resnet50", 1 / 16), ("mobilenet_v2", 0.25)])
+def test_bench_models_bit_exact(name, width, monkeypatch):
+    monkeypatch.setattr(torch.backends.quantized, "engine", "x86")
+    model = getattr(_bench_models(), name)(num_classes=10, width=width)
+    _check_bit_exact(model, (1, 3, 32, 32), "x86")
+
+
+def test_no_int_repr_copies_and_weights_stay_packed(monkeypatch):
+    monkeypatch.setattr(torch.backends.quantized, "engine", "fbgemm")
+    q = _fx_quantized(_randomize_bn(Block()), (1, 8, 6, 6), "fbgemm")
+    ours = cet.replace_quantized_convs(q)
+    conv = ours.conv1
+    assert isinstance(conv, cet.QConv2d)
+    w = _nhwc(conv.weight)
+    assert w.flags.c_contiguous and np.shares_memory(w, conv.weight.numpy())
+    x = torch.quantize_per_tensor(torch.rand(1, 8, 6, 6), 0.01, 0, torch.quint8)
+    assert _nhwc(x).__array_interface__["data"][0] == x.data_ptr()  # a view, no copy
+
+    def boom(self):
+        raise AssertionError("int_repr() copies the activations")
+
+    monkeypatch.setattr(torch.Tensor, "int_repr", boom)
+    y = conv(x.contiguous(memory_format=CL))
+    assert y.is_quantized and y.is_contiguous(memory_format=CL)
+
+
+def test_replace_quantized_convs_errors():
+    with pytest.raises(TypeError, match="nn.Module"):
+        cet.replace_quantized_convs("model")
+    with pytest.raises(TypeError, match="algo"):
+        cet.replace_quantized_convs(nn.Sequential(), algo=3)
