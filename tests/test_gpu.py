@@ -47,6 +47,7 @@ CASES = [  # (x shape NCHW, w shape, conv args): 1-D, 2-D, 3-D; stride, padding,
     ((2, 5, 9, 8), (7, 5, 3, 3), dict(stride=2, padding=1)),
     ((1, 4, 11), (6, 4, 3), dict(dilation=2, padding=[(1, 2)])),
     ((1, 3, 4, 5, 6), (4, 3, 2, 3, 2), dict(stride=(1, 2, 1), padding=1)),
+    ((1, 6, 5, 4), (3, 3, 3, 4), dict(padding="same", layout="NHWC")),
 ]
 
 
