@@ -181,3 +181,17 @@ def test_distributed_local_cluster():
         threads = client.submit(ced.default_threads, pure=False).result()
     np.testing.assert_array_equal(y, ce.conv(x, w, **kw))
     assert threads == max(1, (os.cpu_count() or 1) // 2)
+
+
+def test_tasks_leave_the_callers_threads_alone():
+    """Tasks set numba threads for their own thread; BLAS returns to its setting."""
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return sorted(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+    x, w, kw = _small_problem()
+    before, numba_before = blas_threads(), ce.get_num_threads()
+    y = ced.conv(_dask(x, ((4, 7), (5, 4))), w, padding=1, threads=1)
+    y.compute(scheduler="threads", num_workers=2)
+    assert blas_threads() == before and ce.get_num_threads() == numba_before

@@ -10,15 +10,17 @@ block. Each block is then one ordinary convengine call with ``padding=0``, so th
 result is the one-array result for every padding, stride and dilation. The weights
 (and bias) are one key of the graph: a worker receives them once, not per task.
 
-Threads: each task runs convengine with ``threads`` threads; by default
-``max(1, cores // tasks_at_once)``, where ``tasks_at_once`` is the dask threads of
-all workers on this host (``distributed``) or the local scheduler's pool size
-(``num_workers``, by default the number of cores). So workers x threads per worker
-x convengine threads stays at the number of cores.
+Threads: each task runs convengine's kernels on ``threads`` numba threads (set for
+the task's thread only; numpy's BLAS, one pool per process, runs single-threaded
+while one-thread tasks run), by default ``max(1, cores // tasks_at_once)``, where
+``tasks_at_once`` is the dask threads of all workers on this host (``distributed``)
+or the local scheduler's pool size (``num_workers``, by default the number of
+cores). So workers x threads per worker x convengine threads stays at the cores.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -26,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numba
 import numpy as np
 
 try:
@@ -42,7 +45,7 @@ from . import api
 from .errors import ConvSetupError
 from .problem import check_layout, make_problem
 from .quant import qconv as _qconv
-from .threads import get_num_threads, set_num_threads
+from .threads import single_threaded_blas
 
 __all__ = ["conv", "conv_transpose", "qconv", "default_threads"]
 
@@ -142,15 +145,16 @@ def _tasks_at_once(cores: int) -> int:
 def _run(op: Callable[..., np.ndarray], threads: int | None, block: _Block, w: Any,
          bias: Any, parts: list[np.ndarray], extra: Any) -> np.ndarray:
     """One task: assemble the input block from ``parts``, then ``op(block, w, bias, extra)``."""
-    n = threads or default_threads()
-    if get_num_threads() != n:
-        set_num_threads(n)
+    n = min(threads or default_threads(), numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+    numba.set_num_threads(n)  # this thread's setting only
     xb = parts[0][block.slices[0][0]] if len(parts) == 1 else None
     if xb is None or xb.shape != block.shape:
         xb = np.full(block.shape, block.fill, dtype=block.dtype)
         for part, (src, dst) in zip(parts, block.slices):
             xb[dst] = part[src]
-    return op(xb, w, bias, extra)
+    # BLAS threads are per process: one-thread tasks hold them at 1 while any runs
+    with single_threaded_blas() if n == 1 else contextlib.nullcontext():
+        return op(xb, w, bias, extra)
 
 
 def _graph(name: str, x: Any, spatial_axes: tuple[int, ...], op: Callable[..., np.ndarray],
