@@ -146,6 +146,8 @@ def test_errors():
         ced.conv(da.zeros((1, 2, 8, 8), chunks=4), w)
     with pytest.raises(ConvSetupError, match="layout"):
         ced.conv(da.zeros((1, 3, 8, 8), chunks=4), w, layout="NCWH")
+    with pytest.raises(ValueError, match="threads must be an int >= 1"):
+        ced.conv(da.zeros((1, 3, 8, 8), chunks=4), w, threads=0)
 
 
 def test_default_threads_rule():

@@ -164,6 +164,9 @@ def _graph(name: str, x: Any, spatial_axes: tuple[int, ...], op: Callable[..., n
     """The dask array of ``op`` applied to every output block. ``out_chunks``: chunks of
     every output axis; ``in_ranges[i][j]``: the input range read along spatial dim ``i``
     by output chunk ``j``; ``extras[i][j]``: what ``op`` is told about it."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise ValueError(f"threads must be an int >= 1 or None, got {threads!r}")
     w_key, b_key = f"{name}-weight", f"{name}-bias"
     dsk: dict[Any, Any] = {w_key: weights[0], b_key: weights[1]}
     batch_axis = 0
