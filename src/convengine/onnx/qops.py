@@ -28,10 +28,11 @@ def _along(v: Array, axis: int, ndim: int) -> Array:
     return v.reshape(shape)
 
 
-def saturate(v: Array, dtype: Any) -> Array:
-    """Round half to even and clip to ``dtype``'s range."""
+def saturate(v: Array, dtype: Any, zero_point: Any = 0) -> Array:
+    """``rint(v) + zero_point`` (half to even; the zero point added after rounding, as
+    ONNX Runtime's kernels do) clipped to ``dtype``'s range."""
     info = np.iinfo(dtype)
-    return np.clip(np.rint(v), info.min, info.max).astype(dtype)
+    return np.clip(np.rint(v) + zero_point, info.min, info.max).astype(dtype)
 
 
 def _quantize(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
@@ -48,7 +49,7 @@ def _quantize(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[
     axis = int(attrs.get("axis", 1))
     s = _along(scale, axis, x.ndim).astype(np.float32)
     z = 0 if zp is None else _along(zp, axis, x.ndim).astype(np.float32)
-    return [saturate(x.astype(np.float32) / s + z, dtype)]
+    return [saturate(x.astype(np.float32) / s, dtype, z)]
 
 
 def _dequantize(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
@@ -100,7 +101,7 @@ def _qlinear_matmul(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) ->
     a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = operands(inputs, "QLinearMatMul", 8, 8)
     acc = np.matmul(_centered(a, a_zp), _centered(b, b_zp, -1))
     mult = (a_s.astype(np.float32) * b_s.astype(np.float32)) / y_s.astype(np.float32)
-    return [saturate(acc.astype(np.float32) * mult + y_zp.astype(np.float32), y_zp.dtype)]
+    return [saturate(acc.astype(np.float32) * mult, y_zp.dtype, y_zp.astype(np.float32))]
 
 
 def _qgemm(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
@@ -118,20 +119,28 @@ def _qgemm(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Arr
     if y_s is None:
         return [acc.astype(np.float32) * scale]
     zp = np.zeros((), np.uint8) if y_zp is None else y_zp
-    return [saturate(acc.astype(np.float32) * (scale / y_s.astype(np.float32))
-                     + np.float32(zp), zp.dtype)]
+    return [saturate(acc.astype(np.float32) * (scale / y_s.astype(np.float32)), zp.dtype,
+                     np.float32(zp))]
+
+
+def _fma32(a: Array, b: Any, c: Any) -> Array:
+    """float32 fused multiply-add (one rounding), through float64."""
+    return (np.asarray(a, np.float64) * np.float64(b) + np.asarray(c, np.float64)
+            ).astype(np.float32)
 
 
 def _qlinear_add(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
-    """com.microsoft QLinearAdd: ``(a - a_zp) a_s / c_s + (b - b_zp) b_s / c_s + c_zp``."""
+    """com.microsoft QLinearAdd as ONNX Runtime's x86 kernel computes it: with
+    ``r_a = a_s / c_s``, ``r_b = b_s / c_s`` in float32,
+    ``rint(fma(a, r_a, fma(b, r_b, c_zp - (r_a a_zp + r_b b_zp))))``, saturated."""
     a, a_s, a_zp, b, b_s, b_zp, c_s, c_zp = operands(inputs, "QLinearAdd", 7, 8)
-    c_s = np.float32(c_s)
     zp = np.zeros((), a.dtype) if c_zp is None else c_zp
-    ra, rb = np.float32(a_s) / c_s, np.float32(b_s) / c_s
+    ra, rb = np.float32(a_s) / np.float32(c_s), np.float32(b_s) / np.float32(c_s)
     za = np.float32(0 if a_zp is None else a_zp)
     zb = np.float32(0 if b_zp is None else b_zp)
-    v = (a.astype(np.float32) - za) * ra + (b.astype(np.float32) - zb) * rb
-    return [saturate(v + np.float32(zp), zp.dtype)]
+    fixed = np.float32(zp) - (ra * za + rb * zb)
+    v = _fma32(a, ra, _fma32(b, rb, fixed))
+    return [saturate(v, zp.dtype)]
 
 
 def _qlinear_global_average_pool(inputs: Sequence[Array | None], attrs: Mapping[str, Any]
@@ -145,7 +154,7 @@ def _qlinear_global_average_pool(inputs: Sequence[Array | None], attrs: Mapping[
     count = int(np.prod([xl.shape[i] for i in spatial]))
     total = xl.sum(axis=spatial, dtype=np.int64) - count * np.int64(x_zp)
     mult = np.float32(x_s) / (np.float32(y_s) * np.float32(count))
-    y = saturate(total.astype(np.float32) * mult + np.float32(y_zp), y_zp.dtype)
+    y = saturate(total.astype(np.float32) * mult, y_zp.dtype, np.float32(y_zp))
     y = y.reshape(y.shape[0], *(1,) * len(spatial), y.shape[-1])
     return [y if last else to_first(y)]
 
@@ -164,7 +173,7 @@ def _qlinear_concat(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) ->
             parts.append(x)
             continue
         v = (x.astype(np.float32) - np.float32(x_zp)) * np.float32(x_s)
-        parts.append(saturate(v / y_s + np.float32(y_zp), y_zp.dtype))
+        parts.append(saturate(v / y_s, y_zp.dtype, np.float32(y_zp)))
     return [np.concatenate(parts, axis=int(attrs["axis"]))]
 
 

@@ -404,7 +404,8 @@ class Session:
             extra: list[str] = []
             last = conv
             nxt = self._only_user(users, conv.outputs[0])
-            if nxt is not None and nxt.op_type == "Add" and len(nxt.inputs) == 2:
+            if nxt is not None and nxt.op_type == "Add" and len(nxt.inputs) == 2 \
+                    and id(nxt) not in absorbed:
                 other = nxt.inputs[1] if nxt.inputs[0] == conv.outputs[0] else nxt.inputs[0]
                 if other != conv.outputs[0]:
                     steps.append(("add", len(extra)))
