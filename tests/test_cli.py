@@ -49,7 +49,7 @@ def test_explain_prints_the_table_and_json(capsys):
     assert doc["problem"].startswith("forward 2-D NCHW float32 x=(2, 6, 7, 7)")
     doc = run_json(capsys, *EXPLAIN, "--tune")
     assert doc["source"] == "tuned, from the cache"
-    assert set(doc["timings"]) == set(doc["supported"])
+    assert set(doc["timings"]) == set(doc["supported"]) - {"reference"}  # the oracle: untimed
 
 
 def test_explain_parses_geometry(capsys):
@@ -111,7 +111,10 @@ def test_bench_compares_with_torch(capsys):
     assert doc["total"]["ratio"] > 0
 
 
-def test_cache_export_clear_import(capsys, tmp_path):
+def test_cache_export_clear_import(capsys, tmp_path, monkeypatch):
+    from convengine.tune import bench
+
+    monkeypatch.setattr(bench, "QUIET", float("inf"))  # store whatever this host measures
     run_json(capsys, "tune", "--suite", "conv1d", "--layers", "conformer.pw2", "--pass", "fwd")
     path = tmp_path / "tuning.json"
     assert run(capsys, "cache", "export", str(path))[1].startswith("exported 1 entries")
@@ -152,3 +155,16 @@ def test_console_script_entry_point(private_cache):
                            "-"], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["entries"] == []
+
+
+def test_tune_recheck_measures_stored_choices_again(capsys, monkeypatch):
+    from convengine.tune import bench
+
+    monkeypatch.setattr(bench, "QUIET", float("inf"))  # store whatever this host measures
+    args = ("tune", "--suite", "conv1d", "--layers", "conformer.pw2", "--pass", "fwd")
+    first = run_json(capsys, *args)["entries"][0]
+    assert first["source"] == "tuned" and first["why"] in ("agrees", "faster", "margin")
+    again = run_json(capsys, *args, "--recheck")["entries"][0]
+    assert again["source"] == "tuned" and again["was"] == first["choice"]
+    code, out, _ = run(capsys, *args, "--recheck")
+    assert code == 0 and "was" in out and "choices changed" in out

@@ -307,20 +307,27 @@ def cmd_tune(args: argparse.Namespace) -> int:
         _set_threads(args.threads)
     problems = [la.problem(p, layout=args.layout) for la in _layers(args)
                 for p in _passes(args.pass_)]
-    results = tuner.tune(problems, force=args.force, progress=False if args.quiet else None)
+    stored = [tuner.default_cache().get(tuner.ident(p)) for p in problems] if args.recheck else []
+    results = tuner.tune(problems, force=args.force or args.recheck,
+                         progress=False if args.quiet else None)
     rows: list[dict[str, Any]] = [
-        {"key": r.key, "choice": r.choice, "source": r.source, "median_s": r.median_s,
-         "problem": r.problem.describe(), "results": r.results}
+        {"key": r.key, "choice": r.choice, "source": r.source, "why": r.why,
+         "median_s": r.median_s, "problem": r.problem.describe(), "results": r.results}
         for r in results
     ]
+    for row, entry in zip(rows, stored):
+        row["was"] = None if entry is None else entry.choice
     _emit_json(args.json, {"cache": str(tuner.default_cache().path), "entries": rows})
     if args.json != "-" and not args.quiet:
-        table = [[r["key"], r["choice"] or "FAILED", _fmt_ms(r["median_s"]), r["source"]]
-                 for r in rows]
-        print(_table(table, ["tuning key", "choice", "ms", "source"]))
+        table = [[r["key"], r["choice"] or "FAILED", _fmt_ms(r["median_s"]), r["source"],
+                  r["why"]] + ([r["was"] or "-"] if args.recheck else []) for r in rows]
+        print(_table(table, ["tuning key", "choice", "ms", "source", "why"]
+                     + (["was"] if args.recheck else [])))
         fresh = sum(r["source"] == "tuned" for r in rows)
-        print(f"\n{fresh} tuned, {len(rows) - fresh} already cached; "
-              f"cache: {tuner.default_cache().path}")
+        changed = sum(r.get("was") not in (None, r["choice"]) for r in rows)
+        print(f"\n{fresh} tuned, {len(rows) - fresh} already cached or not stored"
+              + (f", {changed} choices changed" if args.recheck else "")
+              + f"; cache: {tuner.default_cache().path}")
     return 0
 
 
@@ -499,6 +506,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", default="NCHW", choices=["NCHW", "NHWC"],
                    help="the layout your calls use (part of the tuning key; default NCHW)")
     p.add_argument("--force", action="store_true", help="tune again even if cached")
+    p.add_argument("--recheck", action="store_true",
+                   help="measure the stored choices again and show which changed")
     _common(p, "results")
     p.set_defaults(func=cmd_tune)
 

@@ -7,6 +7,12 @@ compilation, first-touch), its output is checked (shape, finite, agreement with
 the other candidates' consensus), then rounds run interleaved (A B C A B C ...) and a
 candidate whose median is over ``ELIMINATE`` times the best is dropped (after the
 first round, only over ``ELIMINATE_FIRST``); timing stops when one is left.
+``reference`` (the float64 oracle, never the fastest where another serves) is not
+timed when another candidate serves.
+
+:func:`decide` then keeps the heuristic's pick unless the fastest beats it clearly:
+by ``MARGIN`` in medians whose spread (``(max - min) / median`` of the runs) stays
+under ``QUIET`` on both; a win measured on a noisy host is no win.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ ELIMINATE_FIRST = 3.0  # ... but after a single round only when clearly slower
 TIE = 0.05  # medians within 5% of the best are a tie: the more accurate one wins
 DISAGREE = 1e-2  # relative L2 distance to the most accurate output that fails a candidate
 MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 15, 0.5
+MARGIN = 0.15  # the fastest replaces the heuristic's pick only when this much faster
+QUIET = 0.25  # ... and the runs of both spread less than this around their medians
 
 # What one candidate measured: {"median_s", "runs", "eliminated"} or {"error"}.
 Result = dict[str, Any]
@@ -130,9 +138,35 @@ def benchmark(problem: ConvProblem, candidates: Sequence[Algorithm]) -> dict[str
     for name, ts in times.items():
         if name not in results:
             results[name] = {
-                "median_s": median(ts), "runs": len(ts), "eliminated": name in eliminated
+                "median_s": median(ts), "runs": len(ts), "eliminated": name in eliminated,
+                "spread": (max(ts) - min(ts)) / max(median(ts), 1e-12),
             }
     return results
+
+
+def timed_candidates(candidates: Sequence[Algorithm]) -> list[Algorithm]:
+    """The candidates worth timing: all but ``reference`` where another serves."""
+    others = [c for c in candidates if c.name != "reference"]
+    return others or list(candidates)
+
+
+def decide(results: Mapping[str, Result], ranked: Sequence[str], default: str) -> tuple[str, str]:
+    """(choice, why): ``ranked[0]`` where it beats ``default`` (the heuristic's pick)
+    by ``MARGIN`` on a quiet host (or ``default`` failed or was eliminated), else
+    ``default``; ``why`` is "faster", "agrees", "margin" (too close to call) or
+    "noisy" (the runs spread too much to trust)."""
+    best = ranked[0]
+    mine = results.get(default, {})
+    if best == default:
+        return default, "agrees"
+    if "median_s" not in mine or mine.get("eliminated"):
+        return best, "faster"
+    spreads = (results[best].get("spread", 0.0), mine.get("spread", 0.0))
+    if max(spreads) > QUIET:
+        return default, "noisy"
+    if results[best]["median_s"] * (1 + MARGIN) > mine["median_s"]:
+        return default, "margin"
+    return best, "faster"
 
 
 def rank(results: Mapping[str, Result], accuracy: Mapping[str, int]) -> list[str]:

@@ -4,7 +4,10 @@ Modes (``set_tuning`` or the ``CONVENGINE_TUNING`` environment variable):
 
 - ``"off"``: the heuristic only.
 - ``"on"`` (default): on a cache miss, benchmark every candidate once for the
-  problem's tuning key, store the result, then use it.
+  problem's tuning key, store the result, then use it. The heuristic's pick stands
+  unless another candidate beats it clearly on a quiet host (``bench.decide``); a
+  measurement too noisy to trust is not stored (this process keeps the heuristic,
+  a later one measures again).
 - ``"cache-only"``: cached choices, else the heuristic; never benchmarks.
 """
 
@@ -32,6 +35,7 @@ _caches: dict[str, TuningCache] = {}
 _paths: dict[tuple[object, ...], Path] = {}  # environment -> cache file
 _caches_lock = threading.Lock()
 _tuning_lock = threading.RLock()  # one benchmark at a time: parallel timings lie
+_noisy: dict[Ident, str] = {}  # measured too noisily to store: the heuristic's pick
 
 
 def _check_mode(mode: Any, name: str) -> str:
@@ -86,7 +90,8 @@ def pick(entry: Entry, problem: ConvProblem) -> Algorithm | None:
     """The best measured algorithm of ``entry`` that serves this exact problem
     (problems of one bucket can differ in what an algorithm supports)."""
     registered = {a.name: a for a in registry.all_for(problem.pass_)}
-    for name in bench.rank(entry.results, _accuracy(problem.pass_)):
+    ranked = bench.rank(entry.results, _accuracy(problem.pass_))
+    for name in [entry.choice, *ranked]:
         algo = registered.get(name)
         if (algo is not None and algo.supports(problem) is None
                 and exactness.eligible(algo, problem)):
@@ -97,13 +102,15 @@ def pick(entry: Entry, problem: ConvProblem) -> Algorithm | None:
 @dataclass(frozen=True)
 class TuneResult:
     """What tuning one problem gave: ``choice`` (None if every candidate failed),
-    every candidate's result, and ``source``: "tuned", "cache" or "skipped"."""
+    every candidate's result, and ``source``: "tuned", "cache", "skipped" or "noisy"
+    (not stored: the heuristic's pick stands); ``why`` says how the choice was made."""
 
     problem: ConvProblem
     key: str
     choice: str | None
     results: dict[str, dict[str, Any]]
     source: str
+    why: str = ""
 
     @property
     def median_s(self) -> float | None:
@@ -129,13 +136,20 @@ def tune_problem(problem: ConvProblem, *, force: bool = False) -> TuneResult:
             return TuneResult(problem, key[0], cached.name, entry.results, "cache")
         candidates = [a for a in registry.all_for(problem.pass_)
                       if a.supports(problem) is None and exactness.eligible(a, problem)]
-        results = bench.benchmark(problem, candidates)
+        results = bench.benchmark(problem, bench.timed_candidates(candidates))
         ranked = bench.rank(results, _accuracy(problem.pass_))
         if not ranked:
             return TuneResult(problem, key[0], None, results, "tuned")
-        cache.put([Entry(key[0], problem.pass_, key[1], key[2], key[3], ranked[0],
+        from ..select import heuristic  # select imports this module
+
+        choice, why = bench.decide(results, ranked, heuristic(problem).name)
+        if why == "noisy":
+            _noisy[key] = choice
+            return TuneResult(problem, key[0], choice, results, "noisy", why)
+        _noisy.pop(key, None)
+        cache.put([Entry(key[0], problem.pass_, key[1], key[2], key[3], choice,
                          results, problem.describe())])
-        return TuneResult(problem, key[0], ranked[0], results, "tuned")
+        return TuneResult(problem, key[0], choice, results, "tuned", why)
 
 
 def choose(problem: ConvProblem) -> Algorithm | None:
@@ -145,6 +159,8 @@ def choose(problem: ConvProblem) -> Algorithm | None:
         return None
     key = ident(problem)
     entry = default_cache().get(key)
+    if entry is None and key in _noisy:
+        return None  # measured too noisily in this process: the heuristic
     if entry is None and mode == "on":
         tune_problem(problem)
         entry = default_cache().get(key)
