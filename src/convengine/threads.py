@@ -90,7 +90,7 @@ def _start_numba_pool() -> None:
     if not parallel._backend_init_process_lock:
         # numba would make one through multiprocessing.get_start_method(), which fixes
         # the start method: the user's set_start_method("spawn") would then fail
-        parallel._backend_init_process_lock = threading.RLock()
+        parallel._backend_init_process_lock = threading.RLock()  # type: ignore[assignment]
     if user_env:
         parallel._launch_threads()
         return
@@ -111,7 +111,7 @@ def _after_fork_in_child() -> None:
 
     if not parallel._is_initialized or numba.threading_layer() != "omp":
         return
-    from numba.np.ufunc import omppool
+    from numba.np.ufunc import omppool  # type: ignore[attr-defined]
 
     if getattr(omppool, "openmp_vendor", "") != "GNU":
         return
