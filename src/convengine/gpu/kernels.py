@@ -26,8 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-RINT32 = 12582912.0  # 1.5 * 2**23: (v + RINT32) - RINT32 rounds |v| < 2**22 half to even
-RINT64 = 6755399441055744.0  # 1.5 * 2**52
+RINT32 = tl.constexpr(12582912.0)  # 1.5 * 2**23: (v + RINT32) - RINT32 rounds |v| < 2**22 half to even
+RINT64 = tl.constexpr(6755399441055744.0)  # 1.5 * 2**52
 
 
 @triton.jit

@@ -1,0 +1,61 @@
+"""Compile the Triton kernels for a CUDA architecture without a GPU (``triton.compile``
+down to a cubin with Triton's bundled LLVM and ptxas): the checks the interpreter does
+not make (dot shapes and dtypes, constexpr rules, shared memory per configuration).
+
+Run with ``TRITON_INTERPRET`` unset, e.g. ``python -m convengine.gpu.aot 90``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from . import kernels
+
+FLOATS = ("out_zp", "lo", "hi")  # float scalar arguments; every other scalar is i32
+
+
+def compile_kernel(fn: Any, pointers: dict[str, str], constexprs: dict[str, Any],
+                   arch: int = 90, num_warps: int = 4, num_stages: int = 3) -> Any:
+    """The compiled kernel of ``fn`` for ``sm_<arch>``: ``pointers`` name -> "*fp16" etc."""
+    signature = {n: "constexpr" if n in constexprs else pointers.get(n) or
+                 ("fp32" if n in FLOATS else "i32") for n in fn.arg_names}
+    src = ASTSource(fn=fn, signature=signature,
+                    constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages,
+                                   "enable_fp_fusion": False})
+
+
+def representative(arch: int = 90) -> dict[str, int]:
+    """Compile one variant of each kernel (bf16 GEMM and wgrad, int8 GEMM with the
+    float32 requantization, int8 grouped direct); name -> shared memory bytes."""
+    gemm = dict(HAS_BIAS=True, ACT=2, TF32=False, DOT_F32=False, BLOCK_M=128, BLOCK_N=128,
+                GROUP_M=8)
+    plan = {
+        "igemm_bf16": (kernels.igemm_kernel,
+                       dict(a_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", bias_ptr="*fp32",
+                            mult_ptr="*fp32", rsum_ptr="*i32"),
+                       {**gemm, "EPI": 0, "BLOCK_K": 32}),
+        "igemm_int8": (kernels.igemm_kernel,
+                       dict(a_ptr="*i8", b_ptr="*i8", y_ptr="*u8", bias_ptr="*fp32",
+                            mult_ptr="*fp32", rsum_ptr="*i32"),
+                       {**gemm, "ACT": 0, "EPI": 1, "BLOCK_K": 64}),
+        "direct_int8": (kernels.direct_kernel,
+                        dict(a_ptr="*u8", b_ptr="*i8", y_ptr="*i8", bias_ptr="*i32",
+                             mult_ptr="*fp32", bzp_ptr="*i32"),
+                        dict(HAS_BIAS=True, ACT=0, EPI=2, BLOCK_M=64, BLOCK_N=64)),
+        "wgrad_bf16": (kernels.wgrad_kernel,
+                       dict(x_ptr="*bf16", dy_ptr="*bf16", dw_ptr="*bf16"),
+                       dict(TF32=False, DOT_F32=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)),
+    }
+    return {name: int(compile_kernel(fn, ptrs, consts, arch).metadata.shared)
+            for name, (fn, ptrs, consts) in plan.items()}
+
+
+if __name__ == "__main__":
+    print(representative(int(sys.argv[1]) if len(sys.argv) > 1 else 90))
