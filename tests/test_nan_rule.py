@@ -93,3 +93,16 @@ def test_nonfinite_input_follows_the_reference_too():
     w = RNG.standard_normal((16, 16, 3, 3)).astype(np.float32)
     expected = ce.conv(x.astype(np.float64), w.astype(np.float64), padding=1, algo="reference")
     _same_pattern(_serving("forward", ce.conv, x, w, padding=1), expected)
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "args"), [
+    ((1, 32, 3, 3), (32, 32, 3, 3), dict(padding=1)),  # w larger than y: y is read first
+    ((1, 16, 1, 1), (16, 16, 2, 2), dict(padding=1, stride=2)),  # tap (0, 0) never meets x
+])
+def test_forward_nonfinite_weight_larger_than_the_output(x_shape, w_shape, args):
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    w = RNG.standard_normal(w_shape).astype(np.float32)
+    w[3, 1, 0, 0] = np.nan
+    expected = ce.conv(x.astype(np.float64), w.astype(np.float64), algo="reference", **args)
+    assert np.isnan(expected[:, 3]).all()
+    _same_pattern(_serving("forward", ce.conv, x, w, **args), expected)

@@ -67,15 +67,12 @@ def _execute(
     if nchw:
         a, b = np.moveaxis(a, 1, -1), np.moveaxis(b, 1, -1)
     a, b = np.ascontiguousarray(a, dtype=dtype), np.ascontiguousarray(b, dtype=dtype)
-    if nan_rule.reference_before(problem, algorithm, b):  # one NaN rule for every algorithm
-        algorithm = nan_rule.reference(problem)
-        run = algorithm.bind(problem)
     if algorithm.numpy_math:
         with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf propagate silently
             out = run(a, b)
     else:  # compiled code raises no numpy warnings (errstate costs 7-18 us cold)
         out = run(a, b)
-    if nan_rule.reference_after(problem, algorithm, out):
+    if nan_rule.must_recompute(problem, algorithm, b, out):  # one NaN rule for all algorithms
         with np.errstate(invalid="ignore", over="ignore"):
             out = nan_rule.reference(problem).run(problem, a, b)
     if bias is not None:
