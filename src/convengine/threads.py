@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -207,8 +208,10 @@ def run_parallel(fn: Callable[[int, int], None], parts: int) -> None:
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``a (M, K) @ b (K, N)`` into ``out (M, N)`` (allocated if None): rows split over
-    convengine's threads, single-threaded BLAS in each (OpenBLAS's pool stays asleep)."""
+    """``a (M, K) @ b (K, N)`` into ``out (M, N)`` (allocated if None): blocks of rows
+    handed out to convengine's threads as each finishes its last (a thread slowed by
+    another process's spinning takes fewer), single-threaded BLAS in each, so that
+    OpenBLAS's own pool stays asleep."""
     m, n = a.shape[0], b.shape[1]
     if out is None:
         out = np.empty((m, n), np.result_type(a, b))
@@ -216,12 +219,14 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
     with single_threaded_blas():
         if parts <= 1:
             np.matmul(a, b, out=out)
-        else:
-            step = (-(-m // parts) + 7) // 8 * 8  # rows per part, a multiple of 8
+            return out
+        step = (-(-m // (4 * parts)) + 7) // 8 * 8  # rows per block, a multiple of 8
+        blocks = itertools.count()  # next() is atomic under the GIL
 
-            def part(p: int, _: int) -> None:
-                rows = slice(p * step, min(m, (p + 1) * step))
+        def work(part: int, parts: int) -> None:
+            while (start := next(blocks) * step) < m:
+                rows = slice(start, min(m, start + step))
                 np.matmul(a[rows], b, out=out[rows])
 
-            run_parallel(part, -(-m // step))
+        run_parallel(work, parts)
     return out
