@@ -8,7 +8,9 @@ interleaved rounds (A B C A B C ...) and the median of each is kept:
 - ``torch_nchw`` and ``torch_cl``: PyTorch with NCHW-contiguous and channels-last
   tensors; the faster of the two is the reference.
 
-Threads are fixed to ``--threads`` (2) on both sides. Printed ratios are
+Threads are fixed to ``--threads`` (2) on both sides; nothing else is set: PyTorch
+runs in its default configuration (convengine's own pool waits passively, see
+``convengine.threads``). Printed ratios are
 ``torch_best / ours`` (above 1: convengine is faster), with geometric means per
 group (ResNet-50 3x3 stride-1, all ResNet-50, MobileNetV2 depthwise, ...).
 ``--memory`` also compares the peak memory of one call: the rise of the process's
@@ -32,30 +34,23 @@ which layers ran first.
 
 from __future__ import annotations
 
-import os
+import argparse
+import ctypes
+import gc
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
 
-# Before numba's or torch's OpenMP runtime starts: threads that wait passively, so
-# that the two libraries' pools (and the other jobs of a shared host) do not steal
-# each other's cores by spinning. Set OMP_WAIT_POLICY yourself to override.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import numpy as np
 
-import argparse  # noqa: E402
-import ctypes  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
-from typing import Any  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-import convengine as ce  # noqa: E402
-from convengine import suites  # noqa: E402
+import convengine as ce
+from convengine import suites
 
 PASSES = ("forward", "backward_data", "backward_weight")
 PAGE = 4096

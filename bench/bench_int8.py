@@ -8,7 +8,8 @@ Candidates, run interleaved (A B C D A B C D ...) for ``--rounds`` rounds, media
   prepacked per engine, channels-last input.
 
 Symmetric weights (zero points 0), the usual deployment, so x86 runs oneDNN. Threads
-fixed to ``--threads`` on both sides; OpenMP waits passively (``OMP_WAIT_POLICY``).
+fixed to ``--threads`` on both sides; nothing else is set: PyTorch runs in its default
+configuration (convengine's own pool waits passively, see ``convengine.threads``).
 GOPS = 2 * multiply-adds / time. Ratios are
 ``torch / ours`` time (above 1: convengine faster); geometric means per group:
 ResNet-50 (dense), MobileNetV2 dense and MobileNetV2 depthwise. Targets (issue 5):
@@ -19,27 +20,20 @@ dense >= 1.0x fbgemm; depthwise >= 1.0x the best PyTorch engine.
 
 from __future__ import annotations
 
-import os
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+import warnings
+from typing import Any
 
-# Before numba's or torch's OpenMP runtime starts: threads that wait passively. With
-# spinning waiters the two pools (and other jobs on a shared host) steal each other's
-# cores: measured here, a 3 ms qconv took 12-16 ms. Set OMP_WAIT_POLICY to override.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import numpy as np
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
-from typing import Any  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-import convengine as ce  # noqa: E402
-from convengine import suites  # noqa: E402
-from convengine.quant import int8_path  # noqa: E402
+import convengine as ce
+from convengine import suites
+from convengine.quant import int8_path
 
 ENGINES = ("fbgemm", "x86", "onednn")
 
