@@ -212,3 +212,19 @@ def test_qconv_valid_scales_match_the_float64_reference():
     bias = (np.linspace(-1, 1, 8).astype(np.float32) / s).astype(np.float32)
     v = np.rint((acc.astype(np.float32) + bias[None, :, None, None]) * m) + np.float32(10)
     np.testing.assert_array_equal(got, np.clip(v, 0, 255).astype(np.uint8))
+
+
+def test_tuner_records_failures_when_every_candidate_fails():
+    """Issue 19: with every candidate failing, tuning ended in ``max() arg is an empty
+    sequence``; now each failure is recorded and nothing is chosen."""
+    from convengine.registry import Algorithm
+    from convengine.tune import bench
+
+    def fails(problem, a, b):
+        raise MemoryError("Unable to allocate 14.6 TiB")
+
+    problem = ce.explain(X, W).problem
+    candidates = [Algorithm(name, "forward", fails, lambda p: None) for name in ("a", "b")]
+    results = bench.benchmark(problem, candidates)
+    assert set(results) == {"a", "b"}
+    assert all("MemoryError" in r["error"] or "14.6 TiB" in r["error"] for r in results.values())

@@ -77,6 +77,8 @@ def _disagreements(
     """Failures for outputs far from the consensus: the output that agrees with the
     most others (ties: the more accurate algorithm) is taken as the truth."""
     names = list(outputs)
+    if not names:  # every candidate failed: nothing to agree on
+        return {}
     norms = {n: float(np.linalg.norm(outputs[n])) for n in names}
 
     def distance(a: str, b: str) -> float:
