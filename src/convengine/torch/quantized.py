@@ -32,13 +32,13 @@ def _quantized_classes() -> tuple[type[nn.Module], type[nn.Module]]:
 
 
 class QConv2d(nn.Module):
-    """Quantized 2-D convolution on :func:`convengine.qconv`, bit-exact with PyTorch's
+    """Quantized 2-D convolution on :func:`convengine.qconv`'s kernels, bit-exact with PyTorch's
     quantized ``Conv2d`` / ``ConvReLU2d`` on its fbgemm and x86 engines (float bias,
     per-tensor or per-channel int8 weights).
 
     ``forward``: a per-tensor quantized tensor ``(N, C, H, W)`` (quint8 or qint8) ->
-    a quantized tensor of the same dtype with this module's ``scale``/``zero_point``.
-    Build it with :meth:`from_quantized` or :meth:`from_float`.
+    a quantized tensor of the same dtype with this module's ``scale``/``zero_point``,
+    channels-last in memory. Build it with :meth:`from_quantized` or :meth:`from_float`.
     """
 
     weight: torch.Tensor
