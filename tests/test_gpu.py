@@ -203,10 +203,13 @@ def test_torch_functions_and_modules_route_to_the_gpu() -> None:
 
 def test_kernels_compile_for_a_real_gpu() -> None:
     """What the interpreter does not check (dot shapes and dtypes, constexpr rules,
-    shared memory): one variant of each kernel compiled to an sm_90 cubin, no GPU needed."""
+    shared memory, tensor-core lowering): one variant of each kernel compiled to an
+    sm_90 cubin, no GPU needed."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-m", "convengine.gpu.aot", "90"], env=env,
                          check=True, capture_output=True, text=True, timeout=600).stdout
-    shared = ast.literal_eval(out.strip().splitlines()[-1])  # name -> shared-memory bytes
-    assert set(shared) == {"igemm_bf16", "igemm_int8", "direct_int8", "wgrad_bf16"}
-    assert max(shared.values()) <= 99 * 1024  # fits every GPU since sm_86's opt-in limit
+    built = ast.literal_eval(out.strip().splitlines()[-1])  # name -> (shared bytes, mma)
+    assert set(built) == {"igemm_bf16", "igemm_int8", "direct_int8", "wgrad_bf16"}
+    assert max(shared for shared, _ in built.values()) <= 99 * 1024  # sm_86's opt-in limit
+    assert all(built[k][1] for k in ("igemm_bf16", "igemm_int8", "wgrad_bf16"))  # tensor cores
+    assert built["igemm_bf16"][0] > 2 * 128 * 32 * 2  # A and B tiles pipelined (> 1 stage)

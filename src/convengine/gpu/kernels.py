@@ -118,34 +118,34 @@ def igemm_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         asum = tl.zeros((BLOCK_M,), dtype=tl.int32)
         azp = (tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.int32) + a_zp).to(tl.int8)
-    for kd in range(KD):
-        i_d, ok_d = _coord(pd, kd, SD, PAD_D, DLD, VD, AD)
-        for kh in range(KH):
-            i_h, ok_h = _coord(ph, kh, SH, PAD_H, DLH, VH, AH)
-            for kw in range(KW):
-                i_w, ok_w = _coord(pw, kw, SW, PAD_W, DLW, VW, AW)
-                inside = m_ok & ok_d & ok_h & ok_w
-                row = (((n * AD + i_d) * AH + i_h) * AW + i_w).to(tl.int64) * R
-                tap = (kd * KH + kh) * KW + kw
-                b_base = b_ptr + tap * sb_tap + rn[None, :] * sb_q
-                for r0 in range(0, R, BLOCK_K):
-                    rr = r0 + rk
-                    r_ok = rr < R
-                    a = tl.load(a_ptr + row[:, None] + rr[None, :],
-                                mask=inside[:, None] & r_ok[None, :], other=0)
-                    b = tl.load(b_base + rr[:, None] * sb_r,
-                                mask=r_ok[:, None] & n_ok[None, :], other=0)
-                    if EPI == 0:
-                        if DOT_F32:
-                            a, b = a.to(tl.float32), b.to(tl.float32)
-                        if TF32:
-                            acc += tl.dot(a, b, input_precision="tf32")
-                        else:
-                            acc += tl.dot(a, b, input_precision="ieee")
-                    else:
-                        a = tl.where(~inside[:, None] & r_ok[None, :], azp, a)
-                        acc += tl.dot(a, b, out_dtype=tl.int32)
-                        asum += tl.sum(a.to(tl.int32), axis=1)
+    # one flat loop over (tap, channel block), so that Triton pipelines its loads
+    blocks = tl.cdiv(R, BLOCK_K)
+    for step in range(0, KD * KH * KW * blocks):
+        tap = step // blocks
+        rr = (step - tap * blocks) * BLOCK_K + rk
+        kw = tap % KW
+        kh = (tap // KW) % KH
+        i_d, ok_d = _coord(pd, tap // (KW * KH), SD, PAD_D, DLD, VD, AD)
+        i_h, ok_h = _coord(ph, kh, SH, PAD_H, DLH, VH, AH)
+        i_w, ok_w = _coord(pw, kw, SW, PAD_W, DLW, VW, AW)
+        inside = m_ok & ok_d & ok_h & ok_w
+        row = (((n * AD + i_d) * AH + i_h) * AW + i_w).to(tl.int64) * R
+        r_ok = rr < R
+        a = tl.load(a_ptr + row[:, None] + rr[None, :], mask=inside[:, None] & r_ok[None, :],
+                    other=0)
+        b = tl.load(b_ptr + tap * sb_tap + rn[None, :] * sb_q + rr[:, None] * sb_r,
+                    mask=r_ok[:, None] & n_ok[None, :], other=0)
+        if EPI == 0:
+            if DOT_F32:
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            if TF32:
+                acc += tl.dot(a, b, input_precision="tf32")
+            else:
+                acc += tl.dot(a, b, input_precision="ieee")
+        else:
+            a = tl.where(~inside[:, None] & r_ok[None, :], azp, a)
+            acc += tl.dot(a, b, out_dtype=tl.int32)
+            asum += tl.sum(a.to(tl.int32), axis=1)
     if EPI != 0:
         # sum (a - azp)(b - bzp) = sum ab - bzp * sum a - azp * sum b + K * azp * bzp
         bzp = tl.load(rsum_ptr + 2 * rn, mask=n_ok, other=0)
