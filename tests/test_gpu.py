@@ -213,3 +213,19 @@ def test_kernels_compile_for_a_real_gpu() -> None:
     assert max(shared for shared, _ in built.values()) <= 99 * 1024  # sm_86's opt-in limit
     assert all(built[k][1] for k in ("igemm_bf16", "igemm_int8", "wgrad_bf16"))  # tensor cores
     assert built["igemm_bf16"][0] > 2 * 128 * 32 * 2  # A and B tiles pipelined (> 1 stage)
+
+
+def test_autotune_configurations_are_legal_and_pruned_to_shared_memory() -> None:
+    for int8 in (False, True):
+        configs = tuning._gemm_configs(int8)
+        for c in configs:
+            blocks = [c.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")]
+            assert all(b >= 16 and b & (b - 1) == 0 for b in blocks)  # powers of two, dot >= 16
+            assert not int8 or c.kwargs["BLOCK_K"] >= 64
+    configs = tuning._gemm_configs(False)
+    shapes = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_stages)
+              for c in tuning.fitting(configs, 4, 64 * 1024)]
+    assert shapes == [(64, 64, 32, 4)]  # 4 stages x (64 + 64) x 32 x 4 bytes = 64 KiB
+    assert len(tuning.fitting(configs, 2, 228 * 1024)) == len(configs)  # H100/H200: all fit
+    smallest = tuning.fitting(configs, 4, 1024)  # nothing fits: the smallest footprint
+    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]) for c in smallest] == [(64, 32)]

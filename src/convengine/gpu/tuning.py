@@ -39,16 +39,22 @@ def _shared_memory_limit(device: torch.device) -> int:
     return int(getattr(props, "shared_memory_per_block_optin", _DEFAULT_SMEM))
 
 
+def _footprint(c: triton.Config, itemsize: int) -> int:
+    """Shared-memory bytes of a configuration's pipelined A and B tiles."""
+    return c.num_stages * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * itemsize
+
+
+def fitting(configs: list[triton.Config], itemsize: int, limit: int) -> list[triton.Config]:
+    """The configurations that fit ``limit`` bytes of shared memory (if none does, the
+    smallest)."""
+    fits = [c for c in configs if _footprint(c, itemsize) <= limit]
+    return fits or [min(configs, key=lambda c: _footprint(c, itemsize))]
+
+
 def _prune(configs: list[triton.Config], named_args: dict[str, Any],
            **kwargs: Any) -> list[triton.Config]:
-    """Drop configurations whose pipelined A and B tiles exceed shared memory."""
     a = named_args["a_ptr"]
-    limit = _shared_memory_limit(a.device)
-    size = a.element_size()
-    fits = [c for c in configs
-            if c.num_stages * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"]
-            * size <= limit]
-    return fits or configs[-1:]
+    return fitting(configs, a.element_size(), _shared_memory_limit(a.device))
 
 
 @functools.cache
