@@ -153,6 +153,10 @@ def test_gpu_algorithms_listed_and_explained() -> None:
         ce.algorithms("forward", device="tpu")
     e = dispatch.explain("forward", _t((1, 4, 5, 5)), _t((4, 1, 3, 3)), groups=4)
     assert e.chosen == DIRECT and GEMM in e.refused and "groups" in e.refused[GEMM]
+    # backward-weight splits the positions in two under the interpreter: 2 float32 dw
+    e = dispatch.explain("backward_weight", _t((2, 4, 9, 9)), _t((2, 6, 9, 9)), (6, 4, 3, 3),
+                         padding=1)
+    assert e.chosen == GEMM and e.workspace_bytes[GEMM] == 2 * 6 * 4 * 9 * 4
 
 
 def test_bad_requests_are_setup_errors() -> None:

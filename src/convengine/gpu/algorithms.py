@@ -10,6 +10,7 @@ FMA loops) serve forward, backward-data and backward-weight; block sizes come fr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -131,10 +132,15 @@ def launch_wgrad(problem: ConvProblem, x: torch.Tensor, dy: torch.Tensor, dw: to
         return
     if not direct:
         bm, bn, bk = tuning.wgrad_blocks(o, c)
-        grid = (triton.cdiv(o, bm), triton.cdiv(c, bn), kd * kh * kw)
-        kernels.wgrad_kernel[grid](x, dy, dw, p, o, c, xd, xh, xw, pd, ph, pw, kh, kw, *geo,
-                                   TF32=_tf32(), DOT_F32=_dot_f32(x), BLOCK_M=bm,
-                                   BLOCK_N=bn, BLOCK_K=bk)
+        taps = kd * kh * kw
+        split = tuning.wgrad_split(triton.cdiv(o, bm) * triton.cdiv(c, bn) * taps, p, bk)
+        out = dw if split == 1 else dw.new_empty((split, *dw.shape), dtype=torch.float32)
+        grid = (triton.cdiv(o, bm), triton.cdiv(c, bn), taps * split)
+        kernels.wgrad_kernel[grid](x, dy, out, p, o, c, taps, split, xd, xh, xw, pd, ph, pw,
+                                   kh, kw, *geo, TF32=_tf32(), DOT_F32=_dot_f32(x),
+                                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+        if split > 1:  # the partial sums, added in a fixed order
+            dw.copy_(out.sum(0))
         return
     bp, bn = tuning.wgrad_direct_blocks(o * cg)
     taps = kd * kh * kw
@@ -142,6 +148,15 @@ def launch_wgrad(problem: ConvProblem, x: torch.Tensor, dy: torch.Tensor, dw: to
     kernels.wgrad_direct_kernel[grid_direct](x, dy, dw, p, o, o // problem.groups, cg, c, taps,
                                              xd, xh, xw, pd, ph, pw, kh, kw, *geo,
                                              BLOCK_P=bp, BLOCK_N=bn)
+
+
+def wgrad_workspace(problem: ConvProblem) -> int:
+    """Bytes of the implicit GEMM's partial dw sums (float32, one dw per run)."""
+    o, c, taps = problem.out_channels, problem.in_channels, math.prod(problem.kernel)
+    bm, bn, bk = tuning.wgrad_blocks(o, c)
+    positions = problem.batch * math.prod(problem.out_size)
+    split = tuning.wgrad_split(triton.cdiv(o, bm) * triton.cdiv(c, bn) * taps, positions, bk)
+    return 0 if split == 1 else split * o * taps * c * 4
 
 
 def _run_forward(direct: bool) -> Callable[..., torch.Tensor]:
@@ -188,7 +203,8 @@ ALGORITHMS: dict[str, dict[str, GpuAlgorithm]] = {
     },
     "backward_weight": {
         "gpu_implicit_gemm": GpuAlgorithm("gpu_implicit_gemm", "backward_weight",
-                                          _gemm_supports, _run_backward_weight(False)),
+                                          _gemm_supports, _run_backward_weight(False),
+                                          wgrad_workspace),
         "gpu_direct": GpuAlgorithm("gpu_direct", "backward_weight", _float_only,
                                    _run_backward_weight(True)),
     },

@@ -211,15 +211,19 @@ def direct_kernel(
 
 @triton.jit
 def wgrad_kernel(
-    x_ptr, dy_ptr, dw_ptr, P, NO, C, XD, XH, XW, PD, PH, PW, KH, KW,
+    x_ptr, dy_ptr, dw_ptr, P, NO, C, T, SPLIT, XD, XH, XW, PD, PH, PW, KH, KW,
     SD, SH, SW, PAD_D, PAD_H, PAD_W, DLD, DLH, DLW, TF32: tl.constexpr,
     DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """dw ``(NO, T, C)`` [o, tap, c] = sum over the ``P`` output positions of
-    dy[p, o] * x[in(p, tap), c], groups == 1; program axis 2 is the tap."""
+    """dw ``(SPLIT, NO, T, C)`` [s, o, tap, c] = sum over the s-th of ``SPLIT`` runs of
+    the ``P`` output positions of dy[p, o] * x[in(p, tap), c], groups == 1; program
+    axis 2 is (tap, s). With SPLIT > 1 the caller sums the partial dw (deterministic)."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    tap = tl.program_id(2)
+    tap = tl.program_id(2) // SPLIT
+    part = tl.program_id(2) % SPLIT
+    chunk = tl.cdiv(tl.cdiv(P, BLOCK_K), SPLIT) * BLOCK_K
+    p_end = tl.minimum(P, (part + 1) * chunk)
     kw = tap % KW
     kh = (tap // KW) % KH
     kd = tap // (KW * KH)
@@ -227,7 +231,7 @@ def wgrad_kernel(
     o_ok = rm < NO
     c_ok = rn < C
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for p0 in range(0, P, BLOCK_K):
+    for p0 in range(part * chunk, p_end, BLOCK_K):
         p = p0 + rk
         pw = p % PW
         t = p // PW
@@ -238,10 +242,10 @@ def wgrad_kernel(
         i_d, ok_d = _coord(pd, kd, SD, PAD_D, DLD, 1, XD)
         i_h, ok_h = _coord(ph, kh, SH, PAD_H, DLH, 1, XH)
         i_w, ok_w = _coord(pw, kw, SW, PAD_W, DLW, 1, XW)
-        inside = (p < P) & ok_d & ok_h & ok_w
+        inside = (p < p_end) & ok_d & ok_h & ok_w
         row = (((n * XD + i_d) * XH + i_h) * XW + i_w).to(tl.int64) * C
         dyt = tl.load(dy_ptr + p.to(tl.int64)[None, :] * NO + rm[:, None],
-                      mask=(p < P)[None, :] & o_ok[:, None], other=0)
+                      mask=(p < p_end)[None, :] & o_ok[:, None], other=0)
         xt = tl.load(x_ptr + row[:, None] + rn[None, :], mask=inside[:, None] & c_ok[None, :],
                      other=0)
         if DOT_F32:
@@ -250,7 +254,7 @@ def wgrad_kernel(
             acc += tl.dot(dyt, xt, input_precision="tf32")
         else:
             acc += tl.dot(dyt, xt, input_precision="ieee")
-    offs = (rm[:, None] * tl.num_programs(2) + tap) * C + rn[None, :]
+    offs = ((part * NO + rm[:, None]) * T + tap).to(tl.int64) * C + rn[None, :]
     tl.store(dw_ptr + offs, acc.to(dw_ptr.dtype.element_ty), mask=o_ok[:, None] & c_ok[None, :])
 
 

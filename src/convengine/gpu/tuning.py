@@ -97,6 +97,22 @@ def wgrad_blocks(o: int, c: int) -> tuple[int, int, int]:
     return min(128, max(16, bucket(o))), min(128, max(16, bucket(c))), 32
 
 
+def _multiprocessors() -> int:
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
+
+
+def wgrad_split(programs: int, positions: int, block_k: int) -> int:
+    """Into how many runs backward-weight splits its ``positions`` (the GEMM's long
+    reduction) so that ``programs`` x split fill the GPU about four times over, each
+    run at least 8 blocks long; under the interpreter 2 where there is room, so that
+    the tests cover the partial sums."""
+    blocks = triton.cdiv(positions, block_k)
+    if INTERPRET:
+        return 2 if blocks >= 2 else 1
+    want = triton.cdiv(4 * _multiprocessors(), programs)
+    return max(1, min(want, blocks // 8, 64))
+
+
 def wgrad_direct_blocks(n: int) -> tuple[int, int]:
     """(BLOCK_P, BLOCK_N) of the grouped backward-weight over ``n`` (o, r) pairs."""
     return (32 if INTERPRET else 64), min(64, max(16, bucket(n)))
