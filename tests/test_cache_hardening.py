@@ -24,6 +24,7 @@ from test_tune_helpers import fast_registry, operands, problem
 def tuning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Tuning on, a private cache directory, numpy-only candidates; restored after."""
     monkeypatch.setenv("CONVENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(_kernel_cache.KERNEL_DIR_VARIABLE, raising=False)
     for pass_, table in fast_registry().items():
         monkeypatch.setitem(registry._REGISTRY, pass_, table)
     previous = ce.set_tuning("on")

@@ -39,6 +39,7 @@ def _source(k: int, tag: str = "test_scale") -> kc.Source:
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CONVENGINE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(kc.KERNEL_DIR_VARIABLE, raising=False)
     monkeypatch.setattr(kc, "_LOADED", {})
     monkeypatch.setattr(kc, "_WARNED", set())
     monkeypatch.setattr(kc, "_FINGERPRINTS", {})
@@ -56,7 +57,7 @@ def _run(cache_dir: Path, k: int) -> tuple[int, int, list[float]]:
         out = f(np.arange(3.0))
         print(sum(f.stats.cache_hits.values()), sum(f.stats.cache_misses.values()), *out)
     """)
-    env = {**os.environ, "CONVENGINE_CACHE_DIR": str(cache_dir.parent)}
+    env = {**os.environ, "CONVENGINE_KERNEL_DIR": str(cache_dir)}
     root = Path(__file__).parent.parent
     res = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
                          text=True, timeout=120, check=False)
@@ -130,7 +131,7 @@ def test_several_processes_filling_the_cache_at_once(cache: Path) -> None:
     code = ("import numpy as np; from tests.test_kernel_cache import _source; "
             "from convengine import _kernel_cache as kc; "
             "print(*kc.load(_source(9)).scale(np.arange(3.0)))")
-    env = {**os.environ, "CONVENGINE_CACHE_DIR": str(cache.parent)}
+    env = {**os.environ, "CONVENGINE_KERNEL_DIR": str(cache)}
     procs = [subprocess.Popen([sys.executable, "-W", "error", "-c", code], env=env, cwd=root,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(3)]

@@ -56,6 +56,7 @@ from ._version import __version__
 logger = logging.getLogger("convengine")
 
 SUBDIR = "kernels"
+KERNEL_DIR_VARIABLE = "CONVENGINE_KERNEL_DIR"
 MODULE_PREFIX = "_convengine_kernel_"
 SLOW_COMPILE_S = 2.0  # a compilation longer than this is logged (once per kernel)
 _LITERALS = (int, float, bool, str)
@@ -67,10 +68,13 @@ class KernelCacheWarning(UserWarning):
 
 
 def kernel_dir() -> Path:
-    """``<cache dir>/kernels`` (``CONVENGINE_CACHE_DIR`` moves it, as for tuning)."""
+    """``<cache dir>/kernels`` (``CONVENGINE_CACHE_DIR`` moves it, as for tuning), or
+    ``$CONVENGINE_KERNEL_DIR`` (the test suite keeps a private tuning cache, but
+    compiled kernels across runs)."""
     from .tune.cache import cache_dir
 
-    return cache_dir() / SUBDIR
+    own = os.environ.get(KERNEL_DIR_VARIABLE)
+    return Path(own).expanduser() if own else cache_dir() / SUBDIR
 
 
 # ---------------------------------------------------------------- the key
