@@ -522,14 +522,19 @@ def _dropout(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[A
 
 
 def _source_coords(mode: str, n_in: int, n_out: int, scale: float) -> Array:
-    """Input coordinate of every output index along one axis."""
+    """Input coordinate of every output index along one axis (``n_in * scale`` is the
+    unrounded output length the align_corners and half_pixel_symmetric rules use)."""
     j = np.arange(n_out, dtype=np.float64)
     if mode == "half_pixel":
         return (j + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        offset = n_in / 2 * (1 - n_out / (n_in * scale))
+        return offset + (j + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
         return (j + 0.5) / scale - 0.5 if n_out > 1 else np.zeros(n_out)
     if mode == "align_corners":
-        return j * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros(n_out)
+        length = n_in * scale
+        return j * (n_in - 1) / (length - 1) if length > 1 else np.zeros(n_out)
     if mode == "asymmetric":
         return j / scale
     if mode == "tf_half_pixel_for_nn":
@@ -551,17 +556,21 @@ def _resize(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Ar
     """Resize, modes nearest and linear (separable, per axis), without antialias."""
     x, _roi, scales, sizes = operands(inputs, "Resize", 1, 4)
     mode = attrs.get("mode", "nearest")
-    if mode not in ("nearest", "linear") or int(attrs.get("antialias", 0)) \
-            or attrs.get("axes") is not None:
-        raise NotImplementedError(f"Resize supports mode nearest and linear without antialias "
-                                  f"or axes, got mode={mode!r}")
+    if mode not in ("nearest", "linear") or int(attrs.get("antialias", 0)) or \
+            attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise NotImplementedError(
+            f"Resize supports mode nearest and linear, without antialias or "
+            f"keep_aspect_ratio_policy; got mode={mode!r}, antialias="
+            f"{attrs.get('antialias', 0)}, policy={attrs.get('keep_aspect_ratio_policy')!r}")
     transform = attrs.get("coordinate_transformation_mode", "half_pixel")
+    axes = [int(a) % x.ndim for a in attrs.get("axes", range(x.ndim))]
+    out, factors = list(x.shape), [1.0] * x.ndim
     if sizes is not None and sizes.size:
-        out = [int(s) for s in sizes]
-        factors = [o / n for o, n in zip(out, x.shape, strict=True)]
+        for a, s in zip(axes, sizes, strict=True):
+            out[a], factors[a] = int(s), int(s) / x.shape[a]
     elif scales is not None and scales.size:
-        factors = [float(s) for s in scales]
-        out = [int(np.floor(n * s)) for n, s in zip(x.shape, factors, strict=True)]
+        for a, s in zip(axes, scales, strict=True):
+            out[a], factors[a] = int(np.floor(x.shape[a] * float(s))), float(s)
     else:
         raise ConvSetupError("Resize needs scales (input 2) or sizes (input 3)")
     y = x
