@@ -113,6 +113,24 @@ def test_conv_transpose_with_output_padding_and_bias() -> None:
         _close(ce.conv_transpose(x, w, b, algo=algo, **kw), want)
 
 
+@pytest.mark.parametrize("xs,ws,kw", [
+    ((1, 5, 11, 10), (6, 5, 3, 3), dict(stride=3, dilation=2, padding=[(2, 1), (0, 3)])),
+    ((2, 4, 9, 8), (3, 4, 3, 2), dict(stride=2, dilation=2, padding=1)),  # phases without taps
+    ((1, 3, 5, 6, 7), (4, 3, 1, 3, 2), dict(stride=(2, 1, 3), padding=(0, 1, 1))),
+])
+def test_strided_backward_data_by_phases(xs: tuple, ws: tuple, kw: dict) -> None:
+    dy_shape = ce.conv(np.zeros(xs), np.zeros(ws), algo="reference", **kw).shape
+    dy, w = _t(dy_shape), _t(ws)
+    want = ce.conv_backward_data(_f64(dy), _f64(w), xs, algo="reference", **kw)
+    _close(ce.conv_backward_data(dy, w, xs, algo=GEMM, **kw), want)
+
+
+def test_conv_transpose_bias_reaches_positions_no_tap_reaches() -> None:
+    x, w, b = _t((1, 4, 3, 3)), _t((4, 2, 1, 1)), _t((2,))  # 1x1 stride 2: odd rows get b only
+    want = ce.conv_transpose(_f64(x), _f64(w), _f64(b), stride=2, algo="reference")
+    _close(ce.conv_transpose(x, w, b, stride=2, algo=GEMM), want)
+
+
 def _q(shape: tuple[int, ...], dtype: type) -> np.ndarray:
     info = np.iinfo(dtype)
     return RNG.integers(info.min, info.max + 1, shape).astype(dtype)
@@ -213,9 +231,11 @@ def test_kernels_compile_for_a_real_gpu() -> None:
     out = subprocess.run([sys.executable, "-m", "convengine.gpu.aot", "90"], env=env,
                          check=True, capture_output=True, text=True, timeout=600).stdout
     built = ast.literal_eval(out.strip().splitlines()[-1])  # name -> (shared bytes, mma)
-    assert set(built) == {"igemm_bf16", "igemm_int8", "direct_int8", "wgrad_bf16"}
+    assert set(built) == {"igemm_bf16", "igemm_int8", "direct_int8", "dgrad_phased_bf16",
+                          "wgrad_bf16"}
     assert max(shared for shared, _ in built.values()) <= 99 * 1024  # sm_86's opt-in limit
-    assert all(built[k][1] for k in ("igemm_bf16", "igemm_int8", "wgrad_bf16"))  # tensor cores
+    assert all(built[k][1] for k in ("igemm_bf16", "igemm_int8", "dgrad_phased_bf16",
+                                     "wgrad_bf16"))  # tensor cores
     assert built["igemm_bf16"][0] > 2 * 128 * 32 * 2  # A and B tiles pipelined (> 1 stage)
 
 

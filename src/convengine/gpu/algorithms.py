@@ -97,6 +97,9 @@ def launch_conv(problem: ConvProblem, a: torch.Tensor, w: torch.Tensor, out: tor
     mult, zps, a_zp, out_zp, lo, hi = quant if quant is not None else (out, out, 0, 0.0, 0.0, 0.0)
     common = dict(HAS_BIAS=bias is not None, ACT=act, EPI=epi)
     fused = {} if tuning.INTERPRET else {"enable_fp_fusion": False}
+    if backward_data and not direct and epi == 0 and any(v > 1 for v in problem.stride):
+        _launch_phased(problem, a, w, out, bias_t if bias is not None else None, act)
+        return
     if not direct:
         r = ca
         # forward: B[r=c, q=o] = w[o, tap, c]; backward-data: B[r=o, q=c]
@@ -117,6 +120,47 @@ def launch_conv(problem: ConvProblem, a: torch.Tensor, w: torch.Tensor, out: tor
         a, w, out, bias_t, mult, zps, m, q, r, qg, ca, ad, ah, aw, pd, ph, pw, kd, kh, kw,
         *geo, sb_q, sb_g, sb_r, cg, a_zp, out_zp, lo, hi, BLOCK_M=bm, BLOCK_N=bn,
         **common, **fused)
+
+
+def phase_table(problem: ConvProblem) -> tuple[list[list[int]], int]:
+    """Per stride phase (D, H, W phases, D-major) and dim: ``[J, phi, k0, count, base,
+    dstep, kstep, stride]`` of dgrad_phased_kernel (J dx positions ``phi + stride * j``,
+    reached by taps ``k0 + m * kstep`` from dy index ``j + base - m * dstep``); and the
+    most rows (N x J_d x J_h x J_w) of any phase."""
+    dims = []
+    for s, d, (lo, _), k, x in zip(three(problem.stride, 1), three(problem.dilation, 1),
+                                   [(0, 0)] * (3 - problem.ndim) + list(problem.padding),
+                                   three(problem.kernel, 1), three(problem.in_size, 1)):
+        per_phase = []
+        kstep = s // math.gcd(d, s)
+        for phi in range(s):
+            taps = [t for t in range(k) if (phi + lo - t * d) % s == 0]
+            j = max(0, -(-(x - phi) // s))
+            if taps:
+                k0 = taps[0]
+                per_phase.append([j, phi, k0, len(taps), (phi + lo - k0 * d) // s,
+                                  kstep * d // s, kstep, s])
+            else:
+                per_phase.append([j, phi, 0, 0, 0, 0, kstep, s])
+        dims.append(per_phase)
+    table = [pd + ph + pw for pd in dims[0] for ph in dims[1] for pw in dims[2]]
+    most = max(problem.batch * t[0] * t[8] * t[16] for t in table)
+    return table, most
+
+
+def _launch_phased(problem: ConvProblem, dy: torch.Tensor, w: torch.Tensor, dx: torch.Tensor,
+                   bias: torch.Tensor | None, act: int) -> None:
+    """Backward-data at stride > 1 by stride phases (see kernels.dgrad_phased_kernel)."""
+    n_, ad, ah, aw, o = dy.shape
+    _, xd, xh, xw, c = dx.shape
+    _, kd, kh, kw, cg = w.shape
+    table, most = phase_table(problem)
+    tab = torch.tensor(table, dtype=torch.int32, device=dy.device)
+    kern = tuning.dgrad_phased(most, len(table), c, o * kd * kh * kw)
+    fused = {} if tuning.INTERPRET else {"enable_fp_fusion": False}
+    kern(dy, w, dx, dx if bias is None else bias, tab, n_, c, o, ad, ah, aw, xd, xh, xw,
+         kh, kw, 1, kd * kh * kw * cg, cg, HAS_BIAS=bias is not None, ACT=act, TF32=_tf32(),
+         DOT_F32=_dot_f32(dy), **fused)
 
 
 def launch_wgrad(problem: ConvProblem, x: torch.Tensor, dy: torch.Tensor, dw: torch.Tensor,

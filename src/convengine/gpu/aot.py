@@ -39,8 +39,8 @@ def compile_kernel(fn: Any, pointers: dict[str, str], constexprs: dict[str, Any]
 
 
 def representative(arch: int = 90) -> dict[str, tuple[int, bool]]:
-    """Compile one variant of each kernel (bf16 GEMM and wgrad, int8 GEMM with the
-    float32 requantization, int8 grouped direct); name -> (shared memory bytes,
+    """Compile one variant of each kernel (bf16 GEMM, strided backward-data and wgrad,
+    int8 GEMM with the float32 requantization, int8 grouped direct); name -> (shared memory bytes,
     whether its PTX has tensor-core instructions)."""
     gemm = dict(HAS_BIAS=True, ACT=2, TF32=False, DOT_F32=False, BLOCK_M=128, BLOCK_N=128,
                 GROUP_M=8)
@@ -57,6 +57,11 @@ def representative(arch: int = 90) -> dict[str, tuple[int, bool]]:
                         dict(a_ptr="*u8", b_ptr="*i8", y_ptr="*i8", bias_ptr="*i32",
                              mult_ptr="*fp32", bzp_ptr="*i32"),
                         dict(HAS_BIAS=True, ACT=0, EPI=2, BLOCK_M=64, BLOCK_N=64)),
+        "dgrad_phased_bf16": (kernels.dgrad_phased_kernel,
+                              dict(a_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
+                                   bias_ptr="*fp32", tab_ptr="*i32"),
+                              dict(HAS_BIAS=True, ACT=1, TF32=False, DOT_F32=False,
+                                   BLOCK_M=128, BLOCK_N=128, BLOCK_K=32)),
         "wgrad_bf16": (kernels.wgrad_kernel,
                        dict(x_ptr="*bf16", dy_ptr="*bf16", dw_ptr="*bf16"),
                        dict(TF32=False, DOT_F32=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)),

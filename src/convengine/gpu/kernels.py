@@ -40,9 +40,10 @@ def _coord(p, k, S, P, DL, V, A):
 
 
 @triton.jit
-def _epilogue(acc, rq, rm, rq_mask, bias_ptr, mult_ptr, y_ptr, Q, M, out_zp, lo, hi,
+def _epilogue(acc, rq, rows, row_ok, rq_mask, bias_ptr, mult_ptr, y_ptr, Q, out_zp, lo, hi,
               HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EPI: tl.constexpr):
-    """Finish an accumulator tile ``acc [BM, BQ]`` (rows ``rm``, channels ``rq``) into y."""
+    """Finish an accumulator tile ``acc [BM, BQ]`` (y rows ``rows``, int64, where
+    ``row_ok``; channels ``rq``) into y ``[*, Q]``."""
     if EPI == 0:
         if HAS_BIAS:
             acc = acc + tl.load(bias_ptr + rq, mask=rq_mask, other=0.0).to(tl.float32)[None, :]
@@ -71,9 +72,9 @@ def _epilogue(acc, rq, rm, rq_mask, bias_ptr, mult_ptr, y_ptr, Q, M, out_zp, lo,
         out = (v + RINT64) - RINT64
     else:
         out = acc + tl.load(bias_ptr + rq, mask=rq_mask, other=0)[None, :]
-    offs = rm.to(tl.int64)[:, None] * Q + rq[None, :]
+    offs = rows[:, None] * Q + rq[None, :]
     tl.store(y_ptr + offs, out.to(y_ptr.dtype.element_ty),
-             mask=(rm < M)[:, None] & rq_mask[None, :])
+             mask=row_ok[:, None] & rq_mask[None, :])
 
 
 @triton.jit
@@ -152,8 +153,81 @@ def igemm_kernel(
         bsum = tl.load(rsum_ptr + 2 * rn + 1, mask=n_ok, other=0)
         ktot = R * KD * KH * KW
         acc = acc - asum[:, None] * bzp[None, :] - (a_zp * bsum - ktot * a_zp * bzp)[None, :]
-    _epilogue(acc, rn, rm, n_ok, bias_ptr, mult_ptr, y_ptr, Q, M, out_zp, lo, hi,
+    _epilogue(acc, rn, rm.to(tl.int64), m_ok, n_ok, bias_ptr, mult_ptr, y_ptr, Q, out_zp,
+              lo, hi,
               HAS_BIAS, ACT, EPI)
+
+
+@triton.jit
+def _phase_dim(tab, j, m):
+    """Along one dim of a phase (table ``tab``: J, phi, k0, count, base, dstep, kstep,
+    stride): the dy index of position ``j`` at tap step ``m``, and the tap."""
+    base = tl.load(tab + 4)
+    dstep = tl.load(tab + 5)
+    return j + base - m * dstep, tl.load(tab + 2) + m * tl.load(tab + 6)
+
+
+@triton.jit
+def dgrad_phased_kernel(
+    a_ptr, b_ptr, y_ptr, bias_ptr, tab_ptr,
+    NB, Q, R, AD, AH, AW, XD, XH, XW, KH, KW, sb_q, sb_r, sb_tap,
+    M_BUCKET, Q_BUCKET, K_BUCKET,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, TF32: tl.constexpr, DOT_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Backward-data at stride > 1 (groups == 1), one stride phase per program axis 1:
+    the dx positions ``i = phi + stride * j`` of a phase are reached by the same taps
+    (an arithmetic progression per dim), so no tap is visited in vain. ``tab_ptr``
+    holds 8 ints per dim per phase (see :func:`_phase_dim`); dy ``(NB, AD, AH, AW, R)``,
+    dx ``(NB, XD, XH, XW, Q)``."""
+    tab = tab_ptr + tl.program_id(1) * 24
+    jd_n = tl.load(tab)
+    jh_n = tl.load(tab + 8)
+    jw_n = tl.load(tab + 16)
+    cnt_h = tl.load(tab + 11)
+    cnt_w = tl.load(tab + 19)
+    M = NB * jd_n * jh_n * jw_n
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < Q
+    jw = rm % tl.maximum(jw_n, 1)
+    t = rm // tl.maximum(jw_n, 1)
+    jh = t % tl.maximum(jh_n, 1)
+    t = t // tl.maximum(jh_n, 1)
+    jd = t % tl.maximum(jd_n, 1)
+    n = t // tl.maximum(jd_n, 1)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    blocks = tl.cdiv(R, BLOCK_K)
+    for step in range(0, tl.load(tab + 3) * cnt_h * cnt_w * blocks):
+        taps = step // blocks
+        rr = (step - taps * blocks) * BLOCK_K + rk
+        mw = taps % cnt_w
+        mh = (taps // cnt_w) % cnt_h
+        td, kd = _phase_dim(tab, jd, taps // (cnt_w * cnt_h))
+        th, kh = _phase_dim(tab + 8, jh, mh)
+        tw, kw = _phase_dim(tab + 16, jw, mw)
+        inside = m_ok & (td >= 0) & (td < AD) & (th >= 0) & (th < AH) & (tw >= 0) & (tw < AW)
+        row = (((n * AD + td) * AH + th) * AW + tw).to(tl.int64) * R
+        r_ok = rr < R
+        a = tl.load(a_ptr + row[:, None] + rr[None, :], mask=inside[:, None] & r_ok[None, :],
+                    other=0)
+        tap = (kd * KH + kh) * KW + kw
+        b = tl.load(b_ptr + tap * sb_tap + rn[None, :] * sb_q + rr[:, None] * sb_r,
+                    mask=r_ok[:, None] & n_ok[None, :], other=0)
+        if DOT_F32:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        if TF32:
+            acc += tl.dot(a, b, input_precision="tf32")
+        else:
+            acc += tl.dot(a, b, input_precision="ieee")
+    i_d = tl.load(tab + 1) + tl.load(tab + 7) * jd
+    i_h = tl.load(tab + 9) + tl.load(tab + 15) * jh
+    i_w = tl.load(tab + 17) + tl.load(tab + 23) * jw
+    rows = (((n * XD + i_d) * XH + i_h) * XW + i_w).to(tl.int64)
+    _epilogue(acc, rn, rows, m_ok, n_ok, bias_ptr, bias_ptr, y_ptr, Q, 0.0, 0.0, 0.0,
+              HAS_BIAS, ACT, 0)
 
 
 @triton.jit
@@ -205,7 +279,8 @@ def direct_kernel(
                     else:
                         a = tl.load(a_ptr + a_offs, mask=mask, other=a_zp)
                         acc += (a.to(tl.int32) - a_zp) * (b.to(tl.int32) - bzp)[None, :]
-    _epilogue(acc, rn, rm, n_ok, bias_ptr, mult_ptr, y_ptr, Q, M, out_zp, lo, hi,
+    _epilogue(acc, rn, rm.to(tl.int64), m_ok, n_ok, bias_ptr, mult_ptr, y_ptr, Q, out_zp,
+              lo, hi,
               HAS_BIAS, ACT, EPI)
 
 

@@ -58,11 +58,16 @@ def _prune(configs: list[triton.Config], named_args: dict[str, Any],
 
 
 @functools.cache
-def _autotuned(int8: bool) -> Any:
-    return triton.autotune(
-        configs=_gemm_configs(int8), key=["M_BUCKET", "Q_BUCKET", "K_BUCKET", "EPI", "ACT"],
-        prune_configs_by={"early_config_prune": _prune},
-    )(kernels.igemm_kernel)
+def _autotuned(kernel: str, int8: bool) -> Any:
+    keys = ["M_BUCKET", "Q_BUCKET", "K_BUCKET", "ACT"] + (["EPI"] if kernel == "igemm" else [])
+    configs = _gemm_configs(int8)
+    if kernel != "igemm":  # no grouped program order there
+        configs = [triton.Config({k: v for k, v in c.kwargs.items() if k != "GROUP_M"},
+                                 num_warps=c.num_warps, num_stages=c.num_stages)
+                   for c in configs]
+    return triton.autotune(configs=configs, key=keys,
+                           prune_configs_by={"early_config_prune": _prune},
+                           )(getattr(kernels, f"{kernel}_kernel"))
 
 
 def igemm(m: int, q: int, k: int, int8: bool) -> Callable[..., None]:
@@ -81,7 +86,25 @@ def igemm(m: int, q: int, k: int, int8: bool) -> Callable[..., None]:
         return run_fixed
 
     def run_tuned(*args: Any, **kw: Any) -> None:
-        _autotuned(int8)[grid](*args, *buckets, **kw)
+        _autotuned("igemm", int8)[grid](*args, *buckets, **kw)
+    return run_tuned
+
+
+def dgrad_phased(m: int, phases: int, q: int, k: int) -> Callable[..., None]:
+    """A launcher of the phased backward-data kernel: ``m`` rows in the largest phase."""
+    buckets = (bucket(m), bucket(q), bucket(k))
+
+    def grid(meta: dict[str, Any]) -> tuple[int, int, int]:
+        return (triton.cdiv(m, meta["BLOCK_M"]), phases, triton.cdiv(q, meta["BLOCK_N"]))
+
+    if INTERPRET:
+        def run_fixed(*args: Any, **kw: Any) -> None:
+            kernels.dgrad_phased_kernel[grid](*args, *buckets, **kw, BLOCK_M=32, BLOCK_N=32,
+                                              BLOCK_K=16)
+        return run_fixed
+
+    def run_tuned(*args: Any, **kw: Any) -> None:
+        _autotuned("dgrad_phased", False)[grid](*args, *buckets, **kw)
     return run_tuned
 
 
