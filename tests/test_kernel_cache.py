@@ -215,3 +215,21 @@ def test_warmup_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert cli.main(["warmup", "--suite", "resnet50,nope"]) == 2
     assert "--suite: unknown value 'nope'" in capsys.readouterr().err
     assert cli.main(["warmup", "--dtype", "int4"]) == 2
+
+
+def test_cached_code_for_another_signature_is_never_run(cache: Path) -> None:
+    f = kc.load(_source(3)).scale
+    f(np.arange(3.0))
+    f(np.arange(3))  # a second overload: int64, its own data file
+    data = sorted((cache / "__pycache__").glob("test_scale_*.nbc"))
+    assert len(data) == 2
+    first, second = data[0].read_bytes(), data[1].read_bytes()
+    data[0].write_bytes(second)  # what two processes saving at once can leave
+    data[1].write_bytes(first)
+    kc._LOADED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g = kc.load(_source(3)).scale
+        np.testing.assert_array_equal(g(np.arange(3.0)), [1.0, 4.0, 7.0])
+        np.testing.assert_array_equal(g(np.arange(3)), [1.0, 4.0, 7.0])
+    assert any("is for" in str(w.message) for w in caught)

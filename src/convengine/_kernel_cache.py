@@ -220,7 +220,7 @@ class _Cache(caching.FunctionCache):
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
         try:
-            return super().load_overload(sig, target_context)
+            cres = super().load_overload(sig, target_context)
         except Exception as exc:  # noqa: BLE001  (unpickling raises anything)
             _warn_once(self._cache_path, f"numba's cached code for {self._name} in "
                        f"{self._cache_path} does not load ({type(exc).__name__}: {exc}); "
@@ -228,6 +228,14 @@ class _Cache(caching.FunctionCache):
             with contextlib.suppress(Exception):
                 self.flush()
             return None
+        if cres is not None and tuple(cres.signature.args) != tuple(sig):
+            # two processes saving overloads of one function at once can leave the
+            # index naming a data file the other one wrote: never run that code
+            _warn_once(self._cache_path, f"numba's cached code for {self._name} in "
+                       f"{self._cache_path} is for {cres.signature.args}, not {tuple(sig)}; "
+                       "compiling it again")
+            return None
+        return cres
 
     def save_overload(self, sig: Any, data: Any) -> None:
         try:
