@@ -228,3 +228,21 @@ def test_tuner_records_failures_when_every_candidate_fails():
     results = bench.benchmark(problem, candidates)
     assert set(results) == {"a", "b"}
     assert all("MemoryError" in r["error"] or "14.6 TiB" in r["error"] for r in results.values())
+
+
+def test_qconv_depthwise_with_padding_far_wider_than_x_goes_dense():
+    """The depthwise kernels fill a row buffer as wide as the padded input (10**8
+    columns took 144 s); such problems take the dense path, with the same result."""
+    x = RNG.integers(0, 255, (1, 16, 4, 4)).astype(np.uint8)
+    w = RNG.integers(-50, 50, (16, 1, 3, 3)).astype(np.int8)
+    args = dict(stride=10**8, padding=10**8, groups=16)
+    ce.qconv(x, 0.02, 3, w, 0.01, 0, None, out_scale=0.5, out_zero_point=10, **args)  # compiled
+    start = time.perf_counter()
+    got = ce.qconv(x, 0.02, 3, w, 0.01, 0, None, out_scale=0.5, out_zero_point=10, **args)
+    assert time.perf_counter() - start < 5.0
+    acc = ce.conv(x.astype(np.float64) - 3, w.astype(np.float64), algo="reference", **args)
+    m = np.float32(np.float32(0.02) * np.float32(0.01)) / np.float32(0.5)
+    expected = np.clip(np.rint(acc.astype(np.float32) * m) + np.float32(10), 0, 255)
+    np.testing.assert_array_equal(got, expected.astype(np.uint8))
+    assert "row buffer" in _fast(ce.qconv, x, 0.02, 3, w, 0.01, 0, None, out_scale=0.5,
+                                 out_zero_point=10, algo="depthwise", **args)

@@ -39,6 +39,10 @@ _TILE_CONFIG = tile_config()
 AMX_MIN_K = 256
 AMX_MIN_K_DIRECT = 128
 _DTYPES = {np.dtype(np.uint8): "uint8", np.dtype(np.int8): "int8"}
+# Largest row buffer of the depthwise kernels (kernel rows x padded input width x
+# channels, one per output row): its fill is proportional to the padded width, so a
+# padding far wider than the input (10**8: 144 s) goes to the dense path instead.
+DEPTHWISE_MAX_ROW_BYTES = 64 * 2**20
 
 
 def _int_array(value: Any, name: str, allowed: tuple[str, ...]) -> np.ndarray:
@@ -88,11 +92,14 @@ def choose_algo(problem: ConvProblem, algo: str) -> str:
         problem.is_depthwise
         and problem.out_channels == problem.in_channels
         and taps <= depthwise_kernels.MAX_TAPS
+        and _depthwise_row_bytes(problem) <= DEPTHWISE_MAX_ROW_BYTES
     )
     if algo == "depthwise" and not depthwise:
         raise ConvSetupError(
-            "algo='depthwise' needs groups == in_channels == out_channels and at most "
-            f"{depthwise_kernels.MAX_TAPS} kernel taps; got {problem.describe()}"
+            "algo='depthwise' needs groups == in_channels == out_channels, at most "
+            f"{depthwise_kernels.MAX_TAPS} kernel taps and a row buffer (kernel rows x "
+            f"padded width x channels) of at most {DEPTHWISE_MAX_ROW_BYTES:,} bytes; got "
+            f"{problem.describe()}"
         )
     if algo == "vnni" and not cpu.HAS_VNNI:
         raise ConvSetupError("algo='vnni' needs a CPU with AVX512-VNNI; this one lacks it")
@@ -107,6 +114,14 @@ def choose_algo(problem: ConvProblem, algo: str) -> str:
     if path == "amx" and problem.in_per_group * taps < min_k:
         return "vnni"  # short K: tile set-up and stores outweigh the tile products
     return path
+
+
+def _depthwise_row_bytes(problem: ConvProblem) -> int:
+    """Bytes of the depthwise kernels' buffer for one output row: the kernel rows (in
+    groups of 4) x the padded input columns that row reads x 16-rounded channels x 4."""
+    rows = math.prod(problem.kernel[:-1])
+    width = (problem.out_size[-1] - 1) * problem.stride[-1] + problem.effective_kernel[-1]
+    return -(-rows // 4) * width * -(-problem.in_channels // 16) * 16 * 4
 
 
 def _in_place(problem: ConvProblem, multiple: int) -> bool:
