@@ -253,3 +253,20 @@ def test_autotune_configurations_are_legal_and_pruned_to_shared_memory() -> None
     assert len(tuning.fitting(configs, 2, 228 * 1024)) == len(configs)  # H100/H200: all fit
     smallest = tuning.fitting(configs, 4, 1024)  # nothing fits: the smallest footprint
     assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]) for c in smallest] == [(64, 32)]
+
+
+def test_graph_plan_runs_on_the_gpu_algorithms() -> None:
+    from convengine.gpu import graph as gpu_graph
+
+    g = ce.Graph(io_dtype="float32")
+    x = g.tensor("x", (2, 8, 6, 6))
+    w = g.tensor("w", (16, 8, 3, 3))
+    b = g.tensor("b", (16,))
+    r = g.tensor("r", (2, 16, 6, 6))
+    y = g.silu(g.add(g.bias(g.conv_fprop(x, w, padding=1), b), r)).set_output()
+    plan = g.build()
+    vals = {"x": _t((2, 8, 6, 6)), "w": _t((16, 8, 3, 3)), "b": _t((16,)), "r": _t((2, 16, 6, 6))}
+    got = gpu_graph.execute(plan.program, vals)[y.name]
+    v = ce.conv(_f64(vals["x"]), _f64(vals["w"]), padding=1, algo="reference")
+    v = v + _f64(vals["b"])[:, None, None] + _f64(vals["r"])
+    _close(got, v / (1 + np.exp(-v)))

@@ -49,11 +49,15 @@ def names(pass_: str = "forward") -> list[str]:
 
 
 def route(call: str, *args: Any, **kwargs: Any) -> Any:
-    """Run the public call ``call`` ("conv", "qconv", ...) on the GPU path."""
+    """Run the public call ``call`` ("conv", "qconv", "graph", ...) on the GPU path."""
     if call == "qconv":
         from . import quant
 
         return quant.qconv(*args, **kwargs)
+    if call == "graph":
+        from . import graph
+
+        return graph.execute(*args, **kwargs)
     from . import dispatch
 
     return getattr(dispatch, call)(*args, **kwargs)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import select, tune
+from .. import gpu, select, tune
 from ..errors import ConvSetupError
 from ..problem import FLOAT_DTYPES, as_array
 from . import engines
@@ -67,6 +67,8 @@ class Plan:
         """Run on ``{tensor or name: array}`` for every graph input; returns the
         outputs (float ones in the graph's io_dtype) in their declared layout."""
         prog = self.program
+        if any(gpu.on_cuda(v) for v in bindings.values()):  # device tensors: convengine.gpu
+            return Outputs(gpu.route("graph", prog, bindings))
         vals = {}
         for key, value in bindings.items():
             name = key.name if isinstance(key, Tensor) else key
