@@ -74,3 +74,34 @@ def test_stems_choose_blocked():
     x = np.zeros((1, 224, 224, 3), np.float32)
     assert ce.explain(x, np.zeros((64, 7, 7, 3), np.float32), stride=2, padding=3,
                       layout="NHWC").chosen == "blocked"
+
+
+# backward-data through the stride-1 transpose rule: dy's channels are the forward
+# conv's input channels, so C (here the last dim of x) must be a multiple of 16
+BWD_DATA_CASES = [
+    ("3x3-pad1", (2, 9, 11, 32), (48, 3, 3, 32), dict(padding=1)),
+    ("1x1", (1, 7, 7, 64), (32, 1, 1, 64), {}),
+    ("dilated-asym", (2, 10, 10, 16), (16, 3, 3, 16), dict(padding=(0, 2), dilation=2)),
+    ("1d", (2, 20, 16), (32, 5, 16), dict(padding=2)),
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), [c[1:] for c in BWD_DATA_CASES],
+                         ids=[c[0] for c in BWD_DATA_CASES])
+def test_backward_data_matches_reference(x_shape, w_shape, kw):
+    rng = np.random.default_rng(3)
+    x, w = random(rng, x_shape, "float32"), random(rng, w_shape, "float32")
+    dy = ce.conv(x, w, layout="NHWC", **kw)
+    got = ce.conv_backward_data(dy, w, x.shape, layout="NHWC", algo="blocked", **kw)
+    expected = reference("backward_data", dy, w, x.shape, layout="NHWC", **kw)
+    assert_close(got, expected, "float32", "blocked backward-data")
+
+
+def test_backward_data_refuses_strides_and_odd_channels():
+    x_shape, w_shape = (1, 3, 9, 9), (16, 3, 3, 3)
+    why = ce.explain(np.ones((1, 16, 4, 4), np.float32), np.ones(w_shape, np.float32),
+                     x_shape, stride=2, pass_="backward_data").refused["blocked"]
+    assert "stride" in why
+    why = ce.explain(np.ones((1, 16, 9, 9), np.float32), np.ones(w_shape, np.float32),
+                     x_shape, padding=1, pass_="backward_data").refused["blocked"]
+    assert "multiple of 16" in why

@@ -21,20 +21,26 @@ from .tune.cache import TuningCache
 # Preference of the heuristic, best first; names not registered are skipped and
 # registered names missing here come just before "reference".
 PREFERENCE = (
-    "1x1", "blocked", "winograd4", "winograd", "im2col", "implicit_gemm", "flat_gemm",
+    "winograd4", "winograd", "blocked", "1x1", "im2col", "implicit_gemm", "flat_gemm",
     "direct", "reference",
 )
-# ``blocked`` leads where the im2col GEMM would be thin: fewer input channels than this
-# (the 3-channel stems: 2-4x im2col's speed there, measured 2026-11-29)
+# ``blocked`` (its own AVX-512 micro-kernel on convengine's threads) leads the GEMM
+# algorithms, whose BLAS runs single-threaded (``convengine.threads``), wherever the
+# call has BLOCKED_MIN_PIXELS output pixels (batch x output size) or more, and on the
+# thin stems (fewer than BLOCKED_MAX_CHANNELS input channels: 2-4x im2col's speed,
+# measured 2026-11-29). Measured 2026-11-30 on ResNet-50's layers (AMD EPYC, 2 vCPUs):
+# 1.2-3.5x the 1x1/im2col GEMMs from 14x14 at batch 1 and on every layer at batch 8;
+# 0.55-0.9x on the 7x7 layers at batch 1 (49 pixels), which stay on the GEMMs.
 BLOCKED_MAX_CHANNELS = 16
+BLOCKED_MIN_PIXELS = 196
 # Winograd (fused kernel) where its transformed weights, re-read on every call, meet
-# enough output tiles: at least WINOGRAD_MIN_TILES tiles of the variant's own size
-# per call, on outputs of WINOGRAD_MIN_OUTPUT or more per dim. Measured 2026-11-30 on
-# ResNet-50's 3x3 layers: F(4x4) best on 56x56 and 28x28 at batch 1 and 8 (49+ tiles)
-# and on 14x14 at batch 8; F(2x2) best on 14x14 at batch 1; im2col on 7x7 (batch 8:
-# 1.33x PyTorch against F(4x4)'s 1.16 and F(2x2)'s 0.85).
-WINOGRAD_MIN_OUTPUT = 8
-WINOGRAD_MIN_TILES = 40
+# enough output tiles: F(4x4) from WINOGRAD4_MIN_TILES tiles of 4x4 per call, F(2x2)
+# on any output of WINOGRAD_MIN_OUTPUT or more per dim. Measured 2026-11-30 on
+# ResNet-50's 3x3 layers (AMD EPYC, single-threaded BLAS for im2col): F(4x4) best
+# from 28x28 at batch 1 and on 7x7 at batch 8 (32 tiles, 2.9 ms against im2col's
+# 20), F(2x2) on 14x14 and 7x7 at batch 1 (1.16 ms against im2col's 3.0).
+WINOGRAD_MIN_OUTPUT = 7
+WINOGRAD4_MIN_TILES = 32
 WINOGRAD_TILE = {"winograd": 2, "winograd4": 4}  # output tile per spatial dim
 DEPTHWISE_PREFERENCE = ("direct", "im2col", "reference")
 
@@ -56,13 +62,15 @@ def _suits(problem: ConvProblem, algo: Algorithm) -> bool:
     """Speed and accuracy rules on top of ``supports``: exact algorithms only where
     ``exactness`` says so (float64, or inexact ones switched off); inexact ones
     (Winograd) and implicit_gemm's per-tap GEMMs only from 16 channels, Winograd only
-    with enough tiles (``WINOGRAD_MIN_TILES``, ``WINOGRAD_MIN_OUTPUT``); ``blocked``
-    only below ``BLOCKED_MAX_CHANNELS`` input channels."""
+    with enough tiles (``WINOGRAD4_MIN_TILES``, ``WINOGRAD_MIN_OUTPUT``); ``blocked``
+    below ``BLOCKED_MAX_CHANNELS`` input channels or from ``BLOCKED_MIN_PIXELS``."""
     if not exactness.eligible(algo, problem):
         return False
     if algo.name == "implicit_gemm" and problem.in_channels < 16:
         return False
-    if algo.name == "blocked" and problem.in_channels >= BLOCKED_MAX_CHANNELS:
+    if algo.name == "blocked" and not (
+            problem.in_channels < BLOCKED_MAX_CHANNELS
+            or problem.batch * math.prod(problem.out_size) >= BLOCKED_MIN_PIXELS):
         return False
     if not algo.exact and min(problem.in_channels, problem.out_channels) < 16:
         return False  # Winograd's saving is in the GEMM; thin layers pay only transforms
@@ -72,8 +80,10 @@ def _suits(problem: ConvProblem, algo: Algorithm) -> bool:
 
 
 def _enough_tiles(problem: ConvProblem, m: int) -> bool:
+    if min(problem.out_size) < WINOGRAD_MIN_OUTPUT:
+        return False
     tiles = problem.batch * math.prod(-(-n // m) for n in problem.out_size)
-    return min(problem.out_size) >= WINOGRAD_MIN_OUTPUT and tiles >= WINOGRAD_MIN_TILES
+    return m == 2 or tiles >= WINOGRAD4_MIN_TILES
 
 
 def heuristic(problem: ConvProblem) -> Algorithm:

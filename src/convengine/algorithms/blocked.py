@@ -9,8 +9,10 @@ no column matrix, no transforms. It suits layers whose reduction is short or who
 im2col GEMM is thin, above all the 3-channel stems (7x7 and 3x3 stride 2).
 
 Serves forward, float32, dense (groups 1), 1-D and 2-D, output channels a multiple
-of 16. The micro-kernel spells out ``<16 x float>`` FMAs (``llvm.fma.v16f32``):
-LLVM's own choice for this CPU would be 256-bit vectors.
+of 16; backward-data at stride 1 as the forward conv of dy with the flipped kernel
+(the stride-1 transpose rule), input channels a multiple of 16. The micro-kernel
+spells out ``<16 x float>`` FMAs (``llvm.fma.v16f32``): LLVM's own choice for this CPU
+would be 256-bit vectors.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..problem import ConvProblem
 from ..registry import register
 from ._common import too_large
 from ._fma import row_pointers, splat, store_rows
+from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_weight
 
 MR = 6  # output pixels per micro-tile (a row segment)
 VEC = 16  # float32 lanes of a zmm register
@@ -205,3 +208,20 @@ def blocked_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarra
     dh, dw = (1,) * lead + problem.dilation
     _driver(nvec)(xp, wp, _as2d(y, problem.ndim), sh, sw, dh, dw)
     return y
+
+
+def _supports_bwd_data(problem: ConvProblem) -> str | None:
+    reason = backward_data_as_forward_reason(problem)
+    if reason is not None:
+        return f"{reason} (served via the stride-1 transpose rule)"
+    return _supports(backward_data_as_forward(problem))
+
+
+def _workspace_bwd_data(problem: ConvProblem) -> int:
+    return _workspace(backward_data_as_forward(problem))
+
+
+@register("blocked", "backward_data", supports=_supports_bwd_data,
+          workspace_bytes=_workspace_bwd_data, accuracy=2, numpy_math=False)
+def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return blocked_fwd(backward_data_as_forward(problem), dy, flipped_weight(w))
