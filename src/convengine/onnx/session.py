@@ -222,7 +222,7 @@ class Session:
                                  f"some of {[o.name for o in self._outputs]}")
         env = self._feeds(input_feed)
         saved = get_num_threads() if self.threads is not None else None
-        if self.threads is not None:
+        if saved is not None and saved != self.threads:
             set_num_threads(self.threads)
         try:
             for node, frees in zip(self._nodes, self._frees, strict=True):
@@ -238,7 +238,7 @@ class Session:
                 for name in frees:
                     env.pop(name, None)
         finally:
-            if saved is not None:
+            if saved is not None and saved != self.threads:
                 set_num_threads(saved)
         return [np.ascontiguousarray(self._value(env, n)) for n in names]
 

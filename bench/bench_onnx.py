@@ -1,0 +1,132 @@
+"""convengine.onnx.Session side by side with ONNX Runtime (CPU, default configuration,
+``threads`` intra-op threads) on torchvision's ResNet-50 and MobileNetV2 at 224x224:
+float (legacy exporter) and quantize_static int8 (QOperator and QDQ, per channel).
+
+    python bench/bench_onnx.py                       # the full table (minutes)
+    python bench/bench_onnx.py --models resnet50 --batches 1 --kinds float --rounds 3
+    python bench/bench_onnx.py --memory              # peak RSS of a batch-8 ResNet-50 run
+
+Times are medians of interleaved rounds (one call of each runtime per round, after a
+warm-up call); the ratio is ONNX Runtime's time over convengine's (> 1: convengine is
+faster). Outputs are checked against ONNX Runtime's before timing. Needs the torch and
+onnx extras.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def _model_bytes(name: str, kind: str, batch: int) -> bytes:
+    import onnx_models as om
+    import torch
+
+    torch.manual_seed(0)
+    model = om.randomized(om.MODELS[name](1.0))
+    shape = (batch, 3, 224, 224)
+    data = om.export(model, shape, dynamo=False)
+    if kind == "float":
+        return data
+    return om.quantize(data, (1, 3, 224, 224), qdq=kind == "qdq", per_channel=True, samples=2)
+
+
+def _sessions(data: bytes, threads: int):
+    import onnxruntime as ort
+
+    import convengine.onnx as ceo
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    theirs = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    ours = ceo.Session(data, threads=threads)
+    return ours, theirs
+
+
+def _time(fn, *args) -> float:
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
+
+
+def bench(name: str, kind: str, batch: int, rounds: int, threads: int) -> dict:
+    data = _model_bytes(name, kind, batch)
+    ours, theirs = _sessions(data, threads)
+    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype(np.float32)
+    feed = {"input": x}
+    (expected,) = theirs.run(None, feed)
+    (got,) = ours.run(None, feed)
+    err = float(np.abs(got - expected).max() / np.abs(expected).max())
+    t_ours, t_theirs = [], []
+    for _ in range(rounds):
+        t_ours.append(_time(ours.run, None, feed))
+        t_theirs.append(_time(theirs.run, None, feed))
+    mine, ort_ = float(np.median(t_ours)), float(np.median(t_theirs))
+    return {"model": name, "kind": kind, "batch": batch, "convengine_ms": mine * 1e3,
+            "onnxruntime_ms": ort_ * 1e3, "speedup": ort_ / mine, "max_err": err}
+
+
+def _peak_child(runtime: str, threads: int) -> None:
+    """In a fresh process: build one runtime's session, run batch-8 ResNet-50 once, and
+    print the growth of the peak RSS over the run (MiB)."""
+    data = _model_bytes("resnet50", "float", 8)
+    ours, theirs = _sessions(data, threads)
+    session = ours if runtime == "convengine" else theirs
+    x = np.random.default_rng(0).standard_normal((8, 3, 224, 224)).astype(np.float32)
+    session.run(None, {"input": x})  # warm-up: compilation, arenas
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    session.run(None, {"input": x})
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(f"{runtime} {(after - before) / 1024:.1f} {after / 1024:.1f}")
+
+
+def memory(threads: int) -> None:
+    for runtime in ("onnxruntime", "convengine"):
+        out = subprocess.run([sys.executable, __file__, "--peak-child", runtime,
+                              "--threads", str(threads)], capture_output=True, text=True,
+                             check=True).stdout.split()
+        print(f"{runtime:12s} peak RSS {out[-1]} MiB (growth during the second run "
+              f"{out[-2]} MiB)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet50,mobilenet_v2")
+    parser.add_argument("--kinds", default="float,qoperator,qdq")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--peak-child", choices=["convengine", "onnxruntime"])
+    args = parser.parse_args()
+    if args.peak_child:
+        _peak_child(args.peak_child, args.threads)
+        return
+    if args.memory:
+        memory(args.threads)
+        return
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.processor() or ''}"
+          f"{os.cpu_count()} CPUs visible, {args.threads} threads, {args.rounds} rounds")
+    print("| model | kind | batch | convengine ms | ONNX Runtime ms | ORT / convengine | "
+          "max err / max |")
+    print("|---|---|---|---|---|---|---|")
+    for name in args.models.split(","):
+        for kind in args.kinds.split(","):
+            for batch in (int(b) for b in args.batches.split(",")):
+                r = bench(name, kind, batch, args.rounds, args.threads)
+                print(f"| {r['model']} | {r['kind']} | {r['batch']} | {r['convengine_ms']:.1f} | "
+                      f"{r['onnxruntime_ms']:.1f} | {r['speedup']:.2f} | {r['max_err']:.1e} |",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
