@@ -66,12 +66,12 @@ def execute(prog: Program, bindings: Mapping[Any, Any]) -> dict[str, torch.Tenso
     _check(prog)
     carrier = torch.float64 if prog.compute_dtype == "float64" else torch.float32
     vals: dict[str, torch.Tensor] = {}
-    for key, value in bindings.items():
+    for key, bound in bindings.items():
         name = key.name if isinstance(key, Tensor) else key
         spec = prog.tensors.get(name)
         if spec is None or spec.virtual:
             raise ConvSetupError(f"{name!r} is not an input of this graph; inputs: {prog.inputs}")
-        t = dispatch.as_tensor(value, name)
+        t = dispatch.as_tensor(bound, name)
         if tuple(t.shape) != spec.shape or t.dtype != TORCH_DTYPES.get(spec.dtype):
             raise ConvSetupError(f"input {name!r} is {tuple(t.shape)} {t.dtype}, expected "
                                  f"{spec.shape} {spec.dtype} (as declared in the graph)")
