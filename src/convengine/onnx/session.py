@@ -221,9 +221,10 @@ class Session:
             raise ConvSetupError(f"output_names {unknown} are not graph outputs; expected "
                                  f"some of {[o.name for o in self._outputs]}")
         env = self._feeds(input_feed)
-        saved = get_num_threads() if self.threads is not None else None
-        if saved is not None and saved != self.threads:
-            set_num_threads(self.threads)
+        threads = self.threads
+        saved = get_num_threads() if threads is not None else None
+        if threads is not None and saved != threads:
+            set_num_threads(threads)
         try:
             for node, frees in zip(self._nodes, self._frees, strict=True):
                 args = [self._value(env, n) if n else None for n in node.inputs]
@@ -238,7 +239,7 @@ class Session:
                 for name in frees:
                     env.pop(name, None)
         finally:
-            if saved is not None and saved != self.threads:
+            if saved is not None and saved != threads:
                 set_num_threads(saved)
         return [np.ascontiguousarray(self._value(env, n)) for n in names]
 
