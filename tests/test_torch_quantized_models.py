@@ -54,15 +54,21 @@ def _check_bit_exact(model: nn.Module, shape: tuple[int, ...], engine: str) -> N
     ours = cet.replace_quantized_convs(copy.deepcopy(q))
     assert _quantized_convs(ours) == 0
     assert sum(isinstance(m, cet.QConv2d) for m in ours.modules()) == convs
-    layouts = []
+    layouts, converted = [], set()
+
+    def hook(mod, args, out):
+        layouts.append(out.is_contiguous(memory_format=CL))
+        if not args[0].is_contiguous(memory_format=CL):
+            converted.add(args[0].data_ptr())
+
     for m in ours.modules():
         if isinstance(m, cet.QConv2d):
-            m.register_forward_hook(
-                lambda mod, args, out: layouts.append(out.is_contiguous(memory_format=CL)))
+            m.register_forward_hook(hook)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(12))
     with torch.no_grad():
         want, got = q(x), ours(x)
     assert layouts == [True] * convs
+    assert len(converted) == 1  # only the quantized network input is not channels-last
     assert torch.equal(got, want), f"max difference {(got - want).abs().max().item():.3g}"
 
 
