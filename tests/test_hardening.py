@@ -246,3 +246,19 @@ def test_qconv_depthwise_with_padding_far_wider_than_x_goes_dense():
     np.testing.assert_array_equal(got, expected.astype(np.uint8))
     assert "row buffer" in _fast(ce.qconv, x, 0.02, 3, w, 0.01, 0, None, out_scale=0.5,
                                  out_zero_point=10, algo="depthwise", **args)
+
+
+def test_depthwise_padding_far_wider_than_x_leaves_direct():
+    """direct's depthwise buffers span the padded width an output row reads (padding
+    10**7: 5.5 s a call); such problems go elsewhere, with the reference's result."""
+    x = RNG.standard_normal((1, 16, 4, 4)).astype(np.float32)
+    w = RNG.standard_normal((16, 1, 3, 3)).astype(np.float32)
+    args = dict(padding=10**7, stride=10**7, groups=16)
+    explanation = ce.explain(x, w, **args)
+    assert "DEPTHWISE_MAX_WORKSPACE" in explanation.refused["direct"]
+    ce.conv(x, w, **args)  # compiled
+    start = time.perf_counter()
+    got = ce.conv(x, w, **args)
+    assert time.perf_counter() - start < 1.0
+    expected = ce.conv(_f64(x), _f64(w), algo="reference", **args)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -36,8 +36,18 @@ from .depthwise_weight import backward_weight_plan
 __all__ = ["NOALIAS"]  # re-exported for the other generated kernels
 
 
+DEPTHWISE_MAX_WORKSPACE = 64 * 2**20
+"""Bytes of depthwise buffers beyond which direct refuses: they grow with the padded
+width an output row spans (padding 10**7 around a 4x4 input: 5.5 s a call filling
+them), and ``im2col`` serves such problems in milliseconds."""
+
+
 def _supports(problem: ConvProblem) -> str | None:
-    return too_large(problem, _workspace(problem))
+    space = _workspace(problem)
+    if problem.is_depthwise and space > DEPTHWISE_MAX_WORKSPACE:
+        return (f"depthwise buffers of {space:,} bytes (padding far wider than x) exceed "
+                f"direct.DEPTHWISE_MAX_WORKSPACE ({DEPTHWISE_MAX_WORKSPACE:,})")
+    return too_large(problem, space)
 
 
 def _geometry(problem: ConvProblem) -> tuple[tuple[int, ...], ...]:
