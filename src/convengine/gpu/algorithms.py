@@ -10,6 +10,7 @@ FMA loops) serve forward, backward-data and backward-weight; block sizes come fr
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -148,15 +149,21 @@ def phase_table(problem: ConvProblem) -> tuple[list[list[int]], int]:
     return table, most
 
 
+@functools.lru_cache(maxsize=256)
+def _device_phase_table(problem: ConvProblem, device: torch.device) -> tuple[torch.Tensor, int]:
+    """:func:`phase_table` on the device, copied there once per problem."""
+    table, most = phase_table(problem)
+    return torch.tensor(table, dtype=torch.int32, device=device), most
+
+
 def _launch_phased(problem: ConvProblem, dy: torch.Tensor, w: torch.Tensor, dx: torch.Tensor,
                    bias: torch.Tensor | None, act: int) -> None:
     """Backward-data at stride > 1 by stride phases (see kernels.dgrad_phased_kernel)."""
     n_, ad, ah, aw, o = dy.shape
     _, xd, xh, xw, c = dx.shape
     _, kd, kh, kw, cg = w.shape
-    table, most = phase_table(problem)
-    tab = torch.tensor(table, dtype=torch.int32, device=dy.device)
-    kern = tuning.dgrad_phased(most, len(table), c, o * kd * kh * kw)
+    tab, most = _device_phase_table(problem, dy.device)
+    kern = tuning.dgrad_phased(most, tab.shape[0], c, o * kd * kh * kw)
     fused = {} if tuning.INTERPRET else {"enable_fp_fusion": False}
     kern(dy, w, dx, dx if bias is None else bias, tab, n_, c, o, ad, ah, aw, xd, xh, xw,
          kh, kw, 1, kd * kh * kw * cg, cg, HAS_BIAS=bias is not None, ACT=act, TF32=_tf32(),
