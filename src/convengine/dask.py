@@ -6,8 +6,10 @@ output is cut where the input is cut (output ``j`` belongs to the input chunk
 holding the first pixel it reads), and each output block reads exactly the input
 range it needs (its chunk plus a halo of at most ``dilation * (K - 1)`` pixels into
 the following chunks, whatever the stride), with the zero padding written into the
-block. Each block is then one ordinary convengine call with ``padding=0``, so the
-result is the one-array result for every padding, stride and dilation. The weights
+block (halos are copied out of their chunks by small tasks of their own, so a chunk
+is freed once its own block has run). Each block is then one ordinary convengine
+call with ``padding=0``, so the result is the one-array result for every padding,
+stride and dilation. The weights
 (and bias) are one key of the graph: a worker receives them once, not per task.
 
 Threads: each task runs convengine's kernels on ``threads`` numba threads (set for
@@ -157,6 +159,22 @@ def _run(op: Callable[..., np.ndarray], threads: int | None, block: _Block, w: A
         return op(xb, w, bias, extra)
 
 
+@dataclass(frozen=True)
+class _Index:
+    """A tuple of slices, kept opaque to dask's task parser."""
+
+    slices: tuple[slice, ...]
+
+
+def _copy(a: np.ndarray, index: _Index) -> np.ndarray:
+    """A copy (not a view, which would keep all of ``a`` alive) of ``a[index]``."""
+    return np.array(a[index.slices])
+
+
+def _size(index: tuple[slice, ...], shape: list[int]) -> int:
+    return math.prod(len(range(*s.indices(n))) for s, n in zip(index, shape))
+
+
 def _graph(name: str, x: Any, spatial_axes: tuple[int, ...], op: Callable[..., np.ndarray],
            threads: int | None, fill: Any, weights: tuple[Any, Any],
            out_chunks: tuple[tuple[int, ...], ...], in_ranges: list[list[Range]],
@@ -188,9 +206,17 @@ def _graph(name: str, x: Any, spatial_axes: tuple[int, ...], op: Callable[..., n
                 key[1 + ax], src[ax], dst[ax] = chunk, s, t
             keys.append(tuple(key))
             slices.append((tuple(src), tuple(dst)))
+        # the largest piece is read in place; the others (halos) are copied out by
+        # tasks of their own, so that a chunk is freed once its own block has run
+        main = max(range(len(keys)), key=lambda j: _size(slices[j][1], shape))
+        for j in range(len(keys)):
+            if j != main:
+                halo = (f"{name}-halo", *idx, j)
+                dsk[halo] = (_copy, keys[j], _Index(slices[j][0]))
+                keys[j], slices[j] = halo, ((slice(None),) * x.ndim, slices[j][1])
         extra = tuple(extras[i][idx[ax]] for i, ax in enumerate(spatial_axes))
-        dsk[(name, *idx)] = (_run, op, threads, _Block(tuple(shape), x.dtype, fill, tuple(slices)),
-                             w_key, b_key, keys, extra)
+        block = _Block(tuple(shape), x.dtype, fill, tuple(slices))
+        dsk[(name, *idx)] = (_run, op, threads, block, w_key, b_key, keys, extra)
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=[x])
     return da.Array(graph, name, chunks=out_chunks, dtype=dtype,
                     meta=np.empty((0,) * x.ndim, dtype=dtype))
