@@ -290,11 +290,14 @@ def _conv_block(activation_nodes, act_inputs=None):
 
 
 @pytest.mark.parametrize("act", ["Relu", "Clip", "Sigmoid", "HardSwish", "LeakyRelu",
-                                 "HardSigmoid"])
+                                 "HardSigmoid", "SiLU"])
 def test_batchnorm_folded_and_epilogue_fused(act):
     extra = {"lo": np.float32(0), "hi": np.float32(6)} if act == "Clip" else {}
-    node = helper.make_node(act, ["a", *extra], ["y"])
-    model, inputs = _conv_block([node], extra)
+    nodes = [helper.make_node(act, ["a", *extra], ["y"])]
+    if act == "SiLU":  # x * Sigmoid(x), as exporters write it
+        nodes = [helper.make_node("Sigmoid", ["a"], ["s"]),
+                 helper.make_node("Mul", ["a", "s"], ["y"])]
+    model, inputs = _conv_block(nodes, extra)
     session = ceo.Session(model)
     assert [n.op_type for n in session._nodes] == ["Conv"]  # one fused step
     expected = ReferenceEvaluator(model).run(None, inputs)

@@ -157,6 +157,8 @@ def _apply(y: Array, steps: Sequence[tuple[str, Any]], extra: Sequence[Array]) -
             np.multiply(y, y.dtype.type(arg), out=y, where=y < 0)
         elif kind == "sigmoid":
             y[...] = sigmoid(y)
+        elif kind == "silu":
+            y *= sigmoid(y)
         elif kind == "hardswish":
             y *= hard_sigmoid(y, 1 / 6, 0.5)
         elif kind == "hardsigmoid":
@@ -392,7 +394,8 @@ class Session:
         return [n for n in nodes if id(n) not in dropped]
 
     def _fuse_epilogues(self, nodes: list[_Node]) -> list[_Node]:
-        """Conv -> [Add] -> [activation]  ==>  one step at the chain's last node."""
+        """Conv -> [Add] -> [activation, or x * Sigmoid(x)]  ==>  one step at the chain's
+        last node."""
         users = self._consumers(nodes)
         c = self._consts
         out: list[_Node] = []
@@ -415,10 +418,15 @@ class Session:
                     last = nxt
                     nxt = self._only_user(users, nxt.outputs[0])
             act = None if nxt is None else _epilogue_step(nxt, c)
+            silu = self._silu(users, last.outputs[0]) if nxt is None else None
             if nxt is not None and act is not None:
                 steps.append(act)
                 absorbed.add(id(nxt))
                 last = nxt
+            elif silu is not None:  # x * Sigmoid(x)
+                steps.append(("silu", None))
+                absorbed.update(id(n) for n in silu)
+                last = silu[1]
             if last is conv:
                 continue
             conv.attrs["_epilogue"] = steps
@@ -432,6 +440,18 @@ class Session:
             elif id(node) not in absorbed:
                 out.append(node)
         return out
+
+    def _silu(self, users: Mapping[str, list[_Node]], name: str) -> tuple[_Node, _Node] | None:
+        """(Sigmoid, Mul) when ``name`` feeds exactly ``Mul(name, Sigmoid(name))``."""
+        found = users.get(name, [])
+        if len(found) != 2 or name in self._output_names:
+            return None
+        sig = next((n for n in found if n.op_type == "Sigmoid"), None)
+        mul = next((n for n in found if n.op_type == "Mul"), None)
+        if sig is None or mul is None or self._only_user(users, sig.outputs[0]) is not mul \
+                or sorted(mul.inputs) != sorted([name, sig.outputs[0]]):
+            return None
+        return sig, mul
 
     def _prune(self, nodes: list[_Node]) -> list[_Node]:
         """Drop nodes none of whose outputs reach a graph output."""
