@@ -62,10 +62,11 @@ class _Timer:
     def call(self, label: str, pass_: str, fn: Any, *args: Any, **kwargs: Any) -> np.ndarray:
         start = time.perf_counter()
         out = fn(*args, **kwargs)
+        elapsed = time.perf_counter() - start
         key = (label, pass_, *(a.shape for a in args[:2]))
         if key not in self._algo:  # asked after the call, which may have tuned it
             self._algo[key] = api.explain(*args, pass_=pass_, **kwargs).chosen
-        self.seconds[f"{label} {pass_} [{self._algo[key]}]"] += time.perf_counter() - start
+        self.seconds[f"{label} {pass_} [{self._algo[key]}]"] += elapsed
         return out
 
 
