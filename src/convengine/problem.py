@@ -509,7 +509,7 @@ def build_problem(
         raise ConvSetupError(
             f"channel mismatch: {w_name} shape {w_shape} ({layout}) has {w_channels} "
             f"input channels per group, expected C // groups = {channels} // {groups} "
-            f"= {channels // groups}"
+            f"= {channels // groups} (C from {x_name} shape {x_shape})"
         )
     stride_t = spatial_tuple(stride, ndim, "stride", 1)
     dilation_t = spatial_tuple(dilation, ndim, "dilation", 1)
