@@ -3,9 +3,6 @@ add and activation fused) against PyTorch's unfused model run in float64."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -18,12 +15,9 @@ CL = torch.channels_last
 
 
 def _bench_models():
-    path = Path(__file__).resolve().parents[1] / "bench" / "models.py"
-    spec = importlib.util.spec_from_file_location("bench_models", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from convengine import models
+
+    return models
 
 
 def _randomize_bn(model: nn.Module, seed: int = 0) -> nn.Module:

@@ -1,0 +1,28 @@
+"""convengine.modelbench: the whole-network benchmark's pieces that need no timing."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from convengine import modelbench  # noqa: E402
+
+
+@pytest.mark.parametrize(("model", "convs", "depthwise"), [("resnet50", 53, 0),
+                                                          ("mobilenet_v2", 52, 17)])
+def test_conv_shapes_follow_the_network(model, convs, depthwise):
+    shapes = modelbench.conv_shapes(model, batch=2)
+    assert len(shapes) == convs
+    assert sum(s["groups"] > 1 for s in shapes) == depthwise
+    first = shapes[0]
+    assert first["x"] == [2, 3, 224, 224] and first["w"][1] == 3  # the stem reads the image
+    for a, b in zip(shapes, shapes[1:]):  # every conv's input exists at the batch asked
+        assert b["x"][0] == 2 and a["w"][0] >= 1
+
+
+def test_compare_is_relative_to_the_reference_side():
+    import numpy as np
+
+    a = np.array([1.0, -4.0])
+    assert modelbench._compare(a, a + np.array([0.0, 0.02])) == pytest.approx(0.005)
