@@ -243,6 +243,8 @@ def _fmt_ms(s: float | None) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        return _bench_model(args)
     _set_threads(args.threads)
     if args.compare == "torch":
         try:
@@ -297,6 +299,21 @@ def _bench_report(rows: list[dict[str, Any]], total: dict[str, float],
                  f"speed (geometric mean per layer {total['geomean_ratio']:.2f}x)")
     lines.append(line)
     return "\n".join(lines)
+
+
+def _bench_model(args: argparse.Namespace) -> int:
+    """Whole networks (:mod:`convengine.modelbench`): with ``--compare torch`` every mode
+    side by side with PyTorch, else convengine alone (its convs in network order)."""
+    from . import modelbench
+
+    modes = "infer,fused,train,int8,numpy" if args.compare == "torch" else "numpy"
+    argv = ["--models", args.model, "--modes", modes, "--rounds", str(args.rounds),
+            "--threads", str(args.threads),
+            "--batch", str(args.batch) if args.batch else "1,8"]
+    if args.json is not None and args.json != "-":
+        argv += ["--json", args.json]
+    modelbench.main(argv)
+    return 0
 
 
 # --------------------------------------------------------------------------- tune
@@ -494,6 +511,9 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="tune and time a layer suite, optionally against PyTorch")
     _suite_args(p, "fwd", threads=2)
     p.add_argument("--compare", choices=["torch"], help="also time PyTorch, interleaved")
+    p.add_argument("--model", metavar="NAMES",
+                   help="whole networks instead of a layer suite: resnet50 and/or mobilenet_v2, "
+                        "comma-separated (needs the torch extra; see convengine.modelbench)")
     p.add_argument("--rounds", type=int, default=7, help="timed rounds per layer (default 7)")
     p.add_argument("--budget", type=float, default=1.0,
                    help="seconds per layer after which timing stops (>= 3 rounds; default 1)")
