@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch  # absolute import: PyTorch, not this package
 from torch import nn
 
@@ -99,12 +98,12 @@ class FusedConv2d(nn.Module):
         if (residual is not None) != self.residual:
             raise TypeError(f"this FusedConv2d takes {'a' if self.residual else 'no'} "
                             f"residual operand")
-        xv = np.moveaxis(to_numpy(x, "input"), 1, -1)
+        xv = to_numpy(x, "input").transpose(0, 2, 3, 1)  # NHWC view
         plan = self._plan(xv.shape)
         bindings = {"x": xv, "w": to_numpy(self.weight, "weight").transpose(0, 2, 3, 1),
                     "b": to_numpy(self.bias, "bias")}
         if residual is not None:
-            rv = np.moveaxis(to_numpy(residual.float(), "residual"), 1, -1)
+            rv = to_numpy(residual.float(), "residual").transpose(0, 2, 3, 1)
             want = plan.program.tensors["r"].shape
             if rv.shape != want:
                 raise ConvSetupError(f"residual has shape {_nchw(rv.shape)}, expected the "
