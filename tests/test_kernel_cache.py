@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import convengine as ce
+from convengine import _compile_log
 from convengine import _kernel_cache as kc
 from convengine.suites import suite
 
@@ -147,7 +148,7 @@ def test_several_processes_filling_the_cache_at_once(cache: Path) -> None:
 
 def test_a_slow_compile_logs_one_line(cache: Path, monkeypatch: pytest.MonkeyPatch,
                                       caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(kc, "SLOW_COMPILE_S", 0.0)
+    monkeypatch.setattr(_compile_log, "SLOW_COMPILE_S", 0.0)
     caplog.set_level(logging.INFO, logger="convengine")
     f = kc.load(_source(11, tag="test_logged")).scale
     f(np.arange(3.0))

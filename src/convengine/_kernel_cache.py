@@ -18,6 +18,9 @@ compiling.
   its own files the same way.
 - A read-only cache is read (numba's files too); what cannot be written there is
   compiled in a private temporary directory instead.
+- Cached code whose signature is not the one asked for (two processes saving
+  overloads of one function at once can leave numba's index naming the other's
+  data file) is never run: it is compiled again, with one warning.
 
 A :class:`Source` describes one kernel module: the globals of the module that
 generated it (its helpers and constants), values and expressions bound to names, and
@@ -41,7 +44,6 @@ import sys
 import tempfile
 import textwrap
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -49,16 +51,16 @@ from types import ModuleType
 from typing import Any
 
 import numba
-from numba.core import caching, event
+from numba.core import caching
 
+from . import _compile_log  # noqa: F401  (logs slow compilations)
 from ._version import __version__
 
 logger = logging.getLogger("convengine")
 
 SUBDIR = "kernels"
 KERNEL_DIR_VARIABLE = "CONVENGINE_KERNEL_DIR"
-MODULE_PREFIX = "_convengine_kernel_"
-SLOW_COMPILE_S = 2.0  # a compilation longer than this is logged (once per kernel)
+MODULE_PREFIX = _compile_log.MODULE_PREFIX
 _LITERALS = (int, float, bool, str)
 _KERNEL_CODE = ("convengine.algorithms.", "convengine.quant.")
 
@@ -371,47 +373,3 @@ def clear() -> str:
     except OSError as exc:
         raise OSError(f"cannot remove the compiled kernels in {path} ({exc})") from None
     return f"removed {n} compiled kernels from {path}"
-
-
-# ---------------------------------------------------------------- slow compiles
-
-
-class _SlowCompileListener(event.Listener):
-    """Logs one line for each convengine kernel whose compilation (outermost, per
-    thread) took more than SLOW_COMPILE_S."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    def _stack(self) -> list[float]:
-        if not hasattr(self._local, "starts"):
-            self._local.starts = []
-        stack: list[float] = self._local.starts
-        return stack
-
-    def on_start(self, ev: event.Event) -> None:
-        self._stack().append(time.perf_counter())
-
-    def on_end(self, ev: event.Event) -> None:
-        stack = self._stack()
-        if not stack:
-            return
-        elapsed = time.perf_counter() - stack.pop()
-        if stack or elapsed < SLOW_COMPILE_S:
-            return
-        dispatcher = (ev.data or {}).get("dispatcher")
-        fn = getattr(dispatcher, "py_func", None)
-        module = getattr(fn, "__module__", None) or ""
-        if not module.startswith(("convengine", MODULE_PREFIX)):
-            return
-        what = getattr(fn, "__globals__", {}).get("__kernel_tag__", module)
-        cached = not isinstance(getattr(dispatcher, "_cache", None), caching.NullCache)
-        logger.info("convengine: compiling %s (%s) took %.1f s, on its first call in this "
-                    "process%s", getattr(fn, "__qualname__", "?"), what, elapsed,
-                    "; cached on disk for later processes (`convengine warmup` compiles "
-                    "ahead of time)" if cached else "")
-
-
-_LISTENER = _SlowCompileListener()
-event.register("numba:compile", _LISTENER)
-
