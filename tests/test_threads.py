@@ -65,10 +65,18 @@ def test_single_threaded_blas_nests_and_restores() -> None:
         assert _numpy_blas_threads() == 2
 
 
+@pytest.mark.parametrize("through", ["torch", "numpy"])
 @pytest.mark.parametrize(("m", "k", "n", "transposed"),
                          [(1, 3, 5, False), (300, 64, 72, False), (37, 300, 600, True),
                           (1000, 256, 64, False), (64, 4096, 9, True)])
-def test_matmul_splits_rows_and_matches_float64(restore_threads, m, k, n, transposed) -> None:
+def test_matmul_matches_float64(restore_threads, monkeypatch, through, m, k, n,
+                                transposed) -> None:
+    """Through PyTorch's pool where torch is imported, else numpy's BLAS on
+    convengine's threads; either way numpy's BLAS setting is left as it was."""
+    if through == "torch":
+        pytest.importorskip("torch")
+    else:
+        monkeypatch.setitem(sys.modules, "torch", None)  # as if PyTorch were not imported
     rng = np.random.default_rng(m + n)
     a = rng.standard_normal((k, m) if transposed else (m, k)).astype(np.float32)
     a = a.T if transposed else a

@@ -11,9 +11,11 @@ export:
 - loads numba's OpenMP runtime with ``OMP_WAIT_POLICY=PASSIVE`` set for that runtime
   alone (the variable is restored at once; PyTorch's runtime, loaded first, keeps its
   own defaults): convengine's kernel threads sleep as soon as a kernel ends;
-- never runs numpy's BLAS multi-threaded: a GEMM is split by rows over convengine's
-  own threads (:func:`matmul`), each calling single-threaded BLAS, so OpenBLAS's
-  workers are never woken;
+- never runs numpy's BLAS multi-threaded, so OpenBLAS's workers are never woken:
+  a GEMM (:func:`matmul`) runs on PyTorch's pool through ``torch.mm`` where the
+  process has imported PyTorch (its threads are the ones PyTorch's own ops keep
+  busy), else single-threaded BLAS on convengine's threads (numpy's OpenBLAS
+  serialises concurrent calls, so most of the speed is in ``blocked``'s own kernel);
 - after ``fork()`` (multiprocessing, DataLoader workers, Dask's process scheduler),
   runs the child's kernels on one thread: GNU OpenMP cannot restart its pool in a
   forked child, and numba would stop such a child. Processes are the parallelism there.
@@ -30,6 +32,7 @@ import ctypes
 import importlib.util
 import itertools
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -208,13 +211,16 @@ def run_parallel(fn: Callable[[int, int], None], parts: int) -> None:
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``a (M, K) @ b (K, N)`` into ``out (M, N)`` (allocated if None): blocks of rows
-    handed out to convengine's threads as each finishes its last (a thread slowed by
-    another process's spinning takes fewer), single-threaded BLAS in each, so that
-    OpenBLAS's own pool stays asleep."""
+    """``a (M, K) @ b (K, N)`` into ``out (M, N)`` (allocated if None), without waking
+    OpenBLAS's own pool: in a process that has imported PyTorch, by ``torch.mm`` on
+    PyTorch's pool (the one its own ops keep warm), else by single-threaded BLAS on
+    blocks of rows handed out to convengine's threads as each finishes its last."""
     m, n = a.shape[0], b.shape[1]
     if out is None:
         out = np.empty((m, n), np.result_type(a, b))
+    torch = sys.modules.get("torch")
+    if torch is not None and _torch_mm(torch, a, b, out):
+        return out
     parts = min(get_num_threads(), max(1, m * n * a.shape[1] // MATMUL_SPLIT_FLOPS), -(-m // 8))
     with single_threaded_blas():
         if parts <= 1:
@@ -230,3 +236,20 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
 
         run_parallel(work, parts)
     return out
+
+
+def _torch_mm(torch: Any, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+    """``out = a @ b`` by torch.mm on views of the arrays; False where it cannot
+    (dtypes other than float32/float64, read-only or oddly strided operands)."""
+    if not (a.dtype == b.dtype == out.dtype and a.dtype in _TORCH_MM_DTYPES):
+        return False
+    if not (a.flags.writeable and b.flags.writeable and out.flags.c_contiguous):
+        return False
+    try:
+        torch.mm(torch.from_numpy(a), torch.from_numpy(b), out=torch.from_numpy(out))
+    except (RuntimeError, ValueError, TypeError):  # strides torch does not take
+        return False
+    return True
+
+
+_TORCH_MM_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
