@@ -56,7 +56,7 @@ def _check(model: nn.Module, x: torch.Tensor, fused_convs: int) -> nn.Module:
 def test_results_channels_last_gradients_keep_their_format(fmt):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 4, 7, 6, generator=g).contiguous(memory_format=fmt).requires_grad_()
-    w = torch.randn(6, 2, 3, 3, generator=g, requires_grad=True)
+    w = torch.randn(6, 2, 3, 3, generator=g).contiguous(memory_format=fmt).requires_grad_()
     b = torch.randn(6, generator=g, requires_grad=True)
     y = cet.conv(x, w, b, stride=1, padding=1, groups=2)
     assert y.is_contiguous(memory_format=CL) and not y.is_contiguous()
@@ -67,7 +67,7 @@ def test_results_channels_last_gradients_keep_their_format(fmt):
     (y * dy.float()).sum().backward()
     (want * dy).sum().backward()
     assert x.grad.is_contiguous(memory_format=fmt)
-    assert w.grad.is_contiguous()
+    assert w.grad.is_contiguous(memory_format=fmt)
     for got, ref in ((x.grad, xd.grad), (w.grad, wd.grad), (b.grad, bd.grad)):
         assert torch.allclose(got.double(), ref, rtol=1e-4, atol=1e-4)
 
