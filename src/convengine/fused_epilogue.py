@@ -1,0 +1,54 @@
+"""The inference epilogue of a conv in one parallel pass over its output, in place:
+
+    y = act(y + bias [+ residual])        y, residual (rows, O) float32, bias (O,)
+
+with act one of ``ACTIVATIONS``. PyTorch eager runs BatchNorm (here folded into the
+conv's weights and ``bias``), the residual add and the activation as separate passes
+over memory; this is one, on convengine's threads. NaN propagates as in PyTorch
+(``relu(NaN)`` is NaN).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+ACTIVATIONS = ("none", "relu", "relu6", "silu")
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _epilogue(y, bias, residual, has_residual, act):  # pragma: no cover - compiled
+    rows, cols = y.shape
+    for r in prange(rows):
+        for c in range(cols):
+            v = y[r, c] + bias[c]
+            if has_residual:
+                v += residual[r, c]
+            if act == 1:
+                if v < 0:
+                    v = 0.0
+            elif act == 2:
+                if v < 0:
+                    v = 0.0
+                elif v > 6:
+                    v = 6.0
+            elif act == 3:
+                v = v / (1.0 + np.exp(-v))
+            y[r, c] = v
+
+
+def apply(y: np.ndarray, bias: np.ndarray, residual: np.ndarray | None, activation: str) -> None:
+    """In place: ``y (rows, O) = act(y + bias (O,) [+ residual (rows, O)])``, float32,
+    ``y`` C-contiguous (a channels-last conv output viewed as rows)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if y.ndim != 2 or not y.flags.c_contiguous or y.dtype != np.float32:
+        raise ValueError(f"y must be a C-contiguous 2-D float32 array, got {y.dtype} "
+                         f"of shape {y.shape}")
+    if bias.shape != (y.shape[1],):
+        raise ValueError(f"bias must have shape ({y.shape[1]},), got {bias.shape}")
+    if residual is not None and residual.shape != y.shape:
+        raise ValueError(f"residual must have y's shape {y.shape}, got {residual.shape}")
+    res = y if residual is None else residual.astype(np.float32, copy=False)
+    _epilogue(y, bias.astype(np.float32, copy=False), res, residual is not None,
+              ACTIVATIONS.index(activation))
