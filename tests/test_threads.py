@@ -229,3 +229,18 @@ def test_forked_children_can_convolve() -> None:
     """)
     assert done.returncode == 0, done.stderr
     assert "ok" in done.stdout
+
+
+@pytest.mark.parametrize(("value", "expected"), [("20000", "GOMP_SPINCOUNT = '20000'"),
+                                                 ("many", "CONVENGINE_OMP_SPIN must be")])
+def test_spin_setting(value, expected) -> None:
+    """CONVENGINE_OMP_SPIN: convengine's threads alone spin that long; a bad value is
+    named at import."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import ctypes, numpy as np, convengine as ce;"
+         "ce.conv(np.ones((1,4,6,6),np.float32), np.ones((4,4,3,3),np.float32), algo='direct');"
+         "ctypes.CDLL('libgomp.so.1.0.0').omp_display_env(1)"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "CONVENGINE_OMP_SPIN": value})
+    assert expected in done.stderr
+    assert (done.returncode == 0) == value.isdigit()

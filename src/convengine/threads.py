@@ -21,8 +21,10 @@ export:
   forked child, and numba would stop such a child. Processes are the parallelism there.
 
 A user who set ``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` or ``NUMBA_THREADING_LAYER``
-keeps that choice. ``set_num_threads(n)`` sets convengine's thread count (numba's
-kernels and the GEMM splits); it leaves numpy's own BLAS setting alone.
+keeps that choice; ``CONVENGINE_OMP_SPIN=n`` lets convengine's threads alone spin
+``n`` times (libgomp's count) before they sleep. ``set_num_threads(n)`` sets
+convengine's thread count (numba's kernels and the GEMM splits); it leaves numpy's
+own BLAS setting alone.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ _blas_users = 0  # calls currently inside single_threaded_blas
 _blas_saved = 1
 _forked_omp = False  # a forked child of a process whose OpenMP pool had started
 
+#: how many times convengine's OpenMP threads spin before sleeping (0: passive)
+SPIN_ENV = "CONVENGINE_OMP_SPIN"
 #: rows x columns x depth below which a GEMM is not split over threads
 MATMUL_SPLIT_FLOPS = 1 << 21
 
@@ -98,11 +102,21 @@ def _start_numba_pool() -> None:
     if user_env:
         parallel._launch_threads()
         return
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read once, by the runtime loaded now
+    name, value = _wait_setting()
+    os.environ[name] = value  # read once, by the runtime loaded now
     try:
         parallel._launch_threads()
     finally:
-        del os.environ["OMP_WAIT_POLICY"]
+        del os.environ[name]
+
+
+def _wait_setting() -> tuple[str, str]:
+    """How convengine's OpenMP threads wait: ``$CONVENGINE_OMP_SPIN`` spins of libgomp
+    (``GOMP_SPINCOUNT``) before sleeping, default 0: passive."""
+    spins = os.environ.get(SPIN_ENV, "0").strip()
+    if not spins.isdigit():
+        raise ValueError(f"${SPIN_ENV} must be a non-negative integer, got {spins!r}")
+    return ("OMP_WAIT_POLICY", "PASSIVE") if int(spins) == 0 else ("GOMP_SPINCOUNT", spins)
 
 
 def _after_fork_in_child() -> None:
