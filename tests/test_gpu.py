@@ -278,3 +278,70 @@ def test_graph_plan_runs_on_the_gpu_algorithms() -> None:
     v = ce.conv(_f64(vals["x"]), _f64(vals["w"]), padding=1, algo="reference")
     v = v + _f64(vals["b"])[:, None, None] + _f64(vals["r"])
     _close(got, v / (1 + np.exp(-v)))
+
+
+def test_autotuner_choices_recorded_in_the_tuning_cache(tmp_path, monkeypatch) -> None:
+    import triton
+
+    from convengine.gpu import records
+    from convengine.tune.tuner import default_cache
+
+    monkeypatch.setenv("CONVENGINE_CACHE_DIR", str(tmp_path))
+    configs = tuning._gemm_configs(False)[:3]
+    which = records.ident("igemm", (1024, 64, 576, "EPI=0", "torch.bfloat16"),
+                          "NVIDIA H200 sm_90", configs)
+    assert records.recorded(which) is None
+    timings = {configs[0]: [0.5, 0.4, 0.6], configs[1]: [0.3, 0.2, 0.4],
+               configs[2]: [float("inf")] * 3}  # the autotuner's ms; inf: did not run
+    records.record(which, "forward", "a problem", timings)
+    got = records.recorded(which)
+    assert isinstance(got, triton.Config)
+    assert records.config_text(got) == records.config_text(configs[1])  # the fastest
+    entry = default_cache().get(which)
+    assert entry is not None and entry.host == "NVIDIA H200 sm_90"
+    assert entry.results[records.config_text(configs[1])]["median_s"] == pytest.approx(3e-4)
+    assert "error" in entry.results[records.config_text(configs[2])]
+    other = records.ident("igemm", (1024, 64, 576, "EPI=0", "torch.bfloat16"),
+                          "NVIDIA A100 sm_80", configs)
+    assert records.recorded(other) is None  # another device decides afresh
+
+
+def test_tuned_launches_record_then_reuse_the_choice(tmp_path, monkeypatch) -> None:
+    """The tuned launch path with a stand-in autotuner (the real one needs a GPU): the
+    first call autotunes and records, the next launches the recorded configuration."""
+    import triton
+
+    from convengine import api
+    from convengine.gpu import kernels
+    from convengine.gpu.algorithms import ALGORITHMS
+
+    monkeypatch.setenv("CONVENGINE_CACHE_DIR", str(tmp_path))
+    small = [triton.Config({"BLOCK_M": m, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 8},
+                           num_warps=4, num_stages=2) for m in (32, 64)]
+    calls = []
+
+    class StandIn:
+        configs = small
+        configs_timings: dict = {}
+
+        def __getitem__(self, grid: object) -> object:
+            def run(*args: object, **kw: object) -> None:
+                calls.append(kw)
+                self.configs_timings = {small[0]: [2.0, 1.9, 2.1], small[1]: [1.0, 0.9, 1.1]}
+                kernels.igemm_kernel[grid](*args, **kw, **small[1].all_kwargs())
+            return run
+
+    monkeypatch.setattr(tuning, "_autotuned", lambda kernel, int8: StandIn())
+    monkeypatch.setattr(tuning, "_device_name", lambda device: "stand-in GPU")
+    monkeypatch.setattr(tuning, "INTERPRET", False)  # take the tuned path
+    monkeypatch.setattr(tuning, "_RECORDED", set())
+    x, w = _t((1, 16, 5, 5)), _t((16, 16, 3, 3))
+    problem = api.forward_problem(dispatch.meta(x), dispatch.meta(w), padding=1)
+    want = ce.conv(_f64(x), _f64(w), padding=1, algo="reference")
+    for _ in range(2):
+        y = ALGORITHMS["forward"][GEMM].run(problem, dispatch.canonical(x, "NCHW"),
+                                            dispatch.canonical(w, "NCHW"))
+        _close(dispatch.restore(y, problem.y_shape("NHWC"), "NCHW"), want)
+    assert len(calls) == 1 and calls[0]["enable_fp_fusion"] is False  # autotuned once
+    entries = [e for e in tuning.records.default_cache().entries() if e.host == "stand-in GPU"]
+    assert len(entries) == 1 and entries[0].key.startswith("gpu igemm 32 16 256")

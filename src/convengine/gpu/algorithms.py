@@ -105,7 +105,7 @@ def launch_conv(problem: ConvProblem, a: torch.Tensor, w: torch.Tensor, out: tor
         r = ca
         # forward: B[r=c, q=o] = w[o, tap, c]; backward-data: B[r=o, q=c]
         sb_q, sb_r = (taps * cg, 1) if not backward_data else (1, taps * cg)
-        kern = tuning.igemm(m, q, r * taps, epi != 0)
+        kern = tuning.igemm(m, q, r * taps, epi != 0, problem)
         kern(a, w, out, bias_t, mult, zps, m, q, r, ad, ah, aw, pd, ph, pw, kd, kh, kw, *geo,
              sb_q, sb_r, cg, a_zp, out_zp, lo, hi, TF32=_tf32(), DOT_F32=_dot_f32(a), **common,
              **fused)
@@ -163,7 +163,7 @@ def _launch_phased(problem: ConvProblem, dy: torch.Tensor, w: torch.Tensor, dx: 
     _, xd, xh, xw, c = dx.shape
     _, kd, kh, kw, cg = w.shape
     tab, most = _device_phase_table(problem, dy.device)
-    kern = tuning.dgrad_phased(most, tab.shape[0], c, o * kd * kh * kw)
+    kern = tuning.dgrad_phased(most, tab.shape[0], c, o * kd * kh * kw, problem)
     fused = {} if tuning.INTERPRET else {"enable_fp_fusion": False}
     kern(dy, w, dx, dx if bias is None else bias, tab, n_, c, o, ad, ah, aw, xd, xh, xw,
          kh, kw, 1, kd * kh * kw * cg, cg, HAS_BIAS=bias is not None, ACT=act, TF32=_tf32(),

@@ -1,5 +1,6 @@
 """Block sizes: ``triton.autotune`` over configurations on a GPU, keyed on the GEMM
-sizes rounded up to powers of two, pruned to what fits the device's shared memory;
+sizes rounded up to powers of two, pruned to what fits the device's shared memory, the
+choices kept in convengine's tuning cache under the device's name (:mod:`.records`);
 under ``TRITON_INTERPRET=1`` one small fixed configuration (every block a power of
 two, ``tl.dot`` operands at least 16 x 16, 32 deep for int8, as real GPUs need).
 """
@@ -14,7 +15,8 @@ from typing import Any
 import torch
 import triton
 
-from . import kernels
+from ..problem import ConvProblem
+from . import kernels, records
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _DEFAULT_SMEM = 99 * 1024  # sm_86/sm_89 opt-in limit; sm_80/sm_90 allow more
@@ -70,7 +72,37 @@ def _autotuned(kernel: str, int8: bool) -> Any:
                            )(getattr(kernels, f"{kernel}_kernel"))
 
 
-def igemm(m: int, q: int, k: int, int8: bool) -> Callable[..., None]:
+_RECORDED: set[Any] = set()  # decisions recorded by this process
+
+
+def _device_name(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{torch.cuda.get_device_name(device)} sm_{major}{minor}"
+
+
+def _through_cache(kernel: str, int8: bool, grid: Callable[..., Any],
+                   buckets: tuple[int, ...], problem: ConvProblem) -> Callable[..., None]:
+    """A launcher that runs the configuration the tuning cache records for this kernel,
+    size bucket, constexprs and dtypes on this device, else the autotuner (recording its
+    choice)."""
+    def run(*args: Any, **kw: Any) -> None:
+        tuner = _autotuned(kernel, int8)
+        key = (*buckets, *(f"{k}={kw[k]}" for k in sorted(kw) if k.isupper()),
+               *(str(a.dtype) for a in args if hasattr(a, "dtype")))
+        which = records.ident(kernel, key, _device_name(args[0].device), tuner.configs)
+        config = records.recorded(which)
+        if config is not None:
+            getattr(kernels, f"{kernel}_kernel")[grid](*args, *buckets, **kw,
+                                                       **config.all_kwargs())
+            return
+        tuner[grid](*args, *buckets, **kw)
+        if which not in _RECORDED:  # the autotuner benchmarked this key just now
+            _RECORDED.add(which)
+            records.record(which, problem.pass_, problem.describe(), tuner.configs_timings)
+    return run
+
+
+def igemm(m: int, q: int, k: int, int8: bool, problem: ConvProblem) -> Callable[..., None]:
     """A launcher ``fn(*args, **constexprs)`` of the implicit GEMM for an ``m x q``
     GEMM with reduction ``k``; it appends the size buckets and picks the grid."""
     buckets = (bucket(m), bucket(q), bucket(k))
@@ -85,12 +117,11 @@ def igemm(m: int, q: int, k: int, int8: bool) -> Callable[..., None]:
             kernels.igemm_kernel[grid](*args, *buckets, **kw, **fixed)
         return run_fixed
 
-    def run_tuned(*args: Any, **kw: Any) -> None:
-        _autotuned("igemm", int8)[grid](*args, *buckets, **kw)
-    return run_tuned
+    return _through_cache("igemm", int8, grid, buckets, problem)
 
 
-def dgrad_phased(m: int, phases: int, q: int, k: int) -> Callable[..., None]:
+def dgrad_phased(m: int, phases: int, q: int, k: int,
+                 problem: ConvProblem) -> Callable[..., None]:
     """A launcher of the phased backward-data kernel: ``m`` rows in the largest phase."""
     buckets = (bucket(m), bucket(q), bucket(k))
 
@@ -103,9 +134,7 @@ def dgrad_phased(m: int, phases: int, q: int, k: int) -> Callable[..., None]:
                                               BLOCK_K=16)
         return run_fixed
 
-    def run_tuned(*args: Any, **kw: Any) -> None:
-        _autotuned("dgrad_phased", False)[grid](*args, *buckets, **kw)
-    return run_tuned
+    return _through_cache("dgrad_phased", False, grid, buckets, problem)
 
 
 def direct_blocks(q: int) -> tuple[int, int]:
