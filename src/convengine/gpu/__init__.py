@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ConvSetupError
 from ..problem import PASSES
 
 NAMES = ("gpu_implicit_gemm", "gpu_direct")
@@ -42,8 +43,6 @@ def wanted(algo: Any, *arrays: Any) -> bool:
 def names(pass_: str = "forward") -> list[str]:
     """The GPU algorithms registered for ``pass_`` (all serve every pass)."""
     if pass_ not in PASSES:
-        from ..errors import ConvSetupError
-
         raise ConvSetupError(f"unknown pass {pass_!r}; expected one of {PASSES}")
     return list(NAMES)
 
