@@ -40,7 +40,8 @@ def compile_kernel(fn: Any, pointers: dict[str, str], constexprs: dict[str, Any]
 
 def representative(arch: int = 90) -> dict[str, tuple[int, bool]]:
     """Compile one variant of each kernel (bf16 GEMM, strided backward-data and wgrad,
-    int8 GEMM with the float32 requantization, int8 grouped direct); name -> (shared memory bytes,
+    int8 GEMM with the float32 requantization, int8 grouped direct, fp16 grouped
+    wgrad); name -> (shared memory bytes,
     whether its PTX has tensor-core instructions)."""
     gemm = dict(HAS_BIAS=True, ACT=2, TF32=False, DOT_F32=False, BLOCK_M=128, BLOCK_N=128,
                 GROUP_M=8)
@@ -62,6 +63,9 @@ def representative(arch: int = 90) -> dict[str, tuple[int, bool]]:
                                    bias_ptr="*fp32", tab_ptr="*i32"),
                               dict(HAS_BIAS=True, ACT=1, TF32=False, DOT_F32=False,
                                    BLOCK_M=128, BLOCK_N=128, BLOCK_K=32)),
+        "wgrad_direct_fp16": (kernels.wgrad_direct_kernel,
+                              dict(x_ptr="*fp16", dy_ptr="*fp16", dw_ptr="*fp16"),
+                              dict(BLOCK_P=64, BLOCK_N=64)),
         "wgrad_bf16": (kernels.wgrad_kernel,
                        dict(x_ptr="*bf16", dy_ptr="*bf16", dw_ptr="*bf16"),
                        dict(TF32=False, DOT_F32=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)),
