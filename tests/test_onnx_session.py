@@ -487,3 +487,35 @@ def test_quantized_model_matches_onnxruntime(exported, name, qdq, per_channel):
     assert y.dtype == expected.dtype and y.shape == expected.shape
     assert np.abs(y - expected).max() <= 2 * step + 1e-6
     assert np.mean(y != expected) <= 0.25
+
+
+def test_qdq_add_pool_reshape_run_in_int8_like_onnxruntime():
+    """DQ -> Add / GlobalAveragePool / MaxPool / Flatten -> Q become QLinearAdd,
+    QLinearGlobalAveragePool and integer MaxPool / Flatten, as ONNX Runtime fuses them
+    (which is also why the float path would round differently from it)."""
+    ort = pytest.importorskip("onnxruntime")
+    a, b = u8(2, 8, 6, 6), u8(2, 8, 6, 6)
+    q = {"as": np.float32(0.031), "az": np.uint8(120), "bs": np.float32(0.017),
+         "bz": np.uint8(7), "cs": np.float32(0.043), "cz": np.uint8(130),
+         "gs": np.float32(0.011), "gz": np.uint8(5)}
+    nodes = [helper.make_node("DequantizeLinear", ["a", "as", "az"], ["af"]),
+             helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bf"]),
+             helper.make_node("Add", ["af", "bf"], ["s"]),
+             helper.make_node("QuantizeLinear", ["s", "cs", "cz"], ["sq"]),
+             helper.make_node("DequantizeLinear", ["sq", "cs", "cz"], ["sf"]),
+             helper.make_node("MaxPool", ["sf"], ["m"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("QuantizeLinear", ["m", "cs", "cz"], ["mq"]),
+             helper.make_node("DequantizeLinear", ["mq", "cs", "cz"], ["mf"]),
+             helper.make_node("GlobalAveragePool", ["mf"], ["g"]),
+             helper.make_node("QuantizeLinear", ["g", "gs", "gz"], ["gq"]),
+             helper.make_node("DequantizeLinear", ["gq", "gs", "gz"], ["gf"]),
+             helper.make_node("Flatten", ["gf"], ["f"]),
+             helper.make_node("QuantizeLinear", ["f", "gs", "gz"], ["y"])]
+    model = _model(nodes, {"a": a, "b": b}, ["y"], q)
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.UINT8
+    session = ceo.Session(model)
+    assert [n.op_type for n in session._nodes] == ["QLinearAdd", "MaxPool",
+                                                    "QLinearGlobalAveragePool", "Flatten"]
+    expected = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, {"a": a, "b": b})
+    assert_same(session.run(None, {"a": a, "b": b}), expected)

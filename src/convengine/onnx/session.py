@@ -3,7 +3,8 @@
 
 Preparing checks every op up front, converts initializers and Constant nodes once,
 folds every node whose inputs are all constants, rewrites QDQ convs
-(DequantizeLinear -> Conv [-> Relu] -> QuantizeLinear) into int8 QLinearConv, folds
+(DequantizeLinear -> Conv [-> Relu] -> QuantizeLinear) into int8 QLinearConv and QDQ
+Add / GlobalAveragePool / MaxPool / Flatten / Reshape / Gemm into int8 forms, folds
 BatchNormalization into the preceding conv, fuses Conv + [Add] + activation into one
 step (the conv's bias, then numpy in place on its output), lays conv weights out
 channels-last once, and lists when each tensor can be freed. Activations stay
@@ -198,6 +199,7 @@ class Session:
         self._outputs = [_info(v) for v in graph.output]
         self._output_names = {o.name for o in self._outputs}
         nodes = self._rewrite_qdq_convs(nodes)
+        nodes = self._rewrite_qdq_ops(nodes)
         nodes = self._fold_constants(nodes)
         nodes = self._fold_batch_norms(nodes)
         nodes = self._fuse_epilogues(nodes)
@@ -362,6 +364,67 @@ class Session:
             index = nodes.index(q)
             nodes[index] = fused
             dropped.update(id(n) for n in chain)
+        return [n for n in nodes if id(n) not in dropped]
+
+    def _rewrite_qdq_ops(self, nodes: list[_Node]) -> list[_Node]:
+        """DQ -> Add / GlobalAveragePool / MaxPool, Flatten, Reshape / Gemm -> Q  ==>
+        QLinearAdd, QLinearGlobalAveragePool, the op on the integers (equal parameters on
+        both sides), QGemm, as ONNX Runtime fuses them, when every quantization parameter
+        is a per-tensor constant."""
+        made = self._producer_map(nodes)
+        users = self._consumers(nodes)
+        c = self._consts
+        dropped: set[int] = set()
+
+        def params(dq: _Node | None) -> list[str] | None:
+            if dq is None or dq.op_type not in ("DequantizeLinear", "QuantizeLinear") or \
+                    len(dq.inputs) < 3 or any(n not in c or c[n].size != 1
+                                              for n in dq.inputs[1:3]):
+                return None
+            return dq.inputs[:3]
+
+        for node in nodes:
+            if node.op_type not in ("Add", "GlobalAveragePool", "MaxPool", "Flatten", "Reshape",
+                                    "Gemm") or \
+                    len([o for o in node.outputs if o]) != 1:
+                continue
+            q = self._only_user(users, node.outputs[0])
+            qp = params(q) if q is not None and q.op_type == "QuantizeLinear" else None
+            dqs = [made.get(n) for n in node.inputs if n]
+            ins = [params(d) if d is not None and d.op_type == "DequantizeLinear" else None
+                   for d in dqs]
+            if q is None or qp is None or not ins or ins[0] is None:
+                continue
+            op, domain, inputs, attrs = "", "com.microsoft", [], {}
+            if node.op_type == "Add" and len(ins) == 2 and ins[1] is not None:
+                op, inputs = "QLinearAdd", [*ins[0], *ins[1], *qp[1:]]
+            elif node.op_type == "GlobalAveragePool":
+                op, inputs, attrs = "QLinearGlobalAveragePool", [*ins[0], *qp[1:]], \
+                    {"channels_last": 0}
+            elif node.op_type in ("MaxPool", "Flatten", "Reshape") and all(
+                    np.array_equal(c[a], c[b]) for a, b in zip(ins[0][1:], qp[1:])):
+                op, domain, attrs = node.op_type, "", dict(node.attrs)
+                inputs = [ins[0][0], *node.inputs[1:]]
+            elif node.op_type == "Gemm" and len(ins) >= 2 and ins[1] is not None and \
+                    float(node.attrs.get("beta", 1.0)) == 1.0:
+                bias = ""
+                if len(ins) == 3:
+                    b_dq = dqs[2]
+                    assert b_dq is not None
+                    b_q = c.get(b_dq.inputs[0])
+                    expected = np.float32(c[ins[0][1]]) * np.float32(c[ins[1][1]])
+                    if b_q is None or b_q.dtype != np.int32 or len(b_dq.inputs) < 2 or \
+                            b_dq.inputs[1] not in c or not np.allclose(
+                                c[b_dq.inputs[1]], expected, rtol=1e-6, atol=0):
+                        continue
+                    bias = b_dq.inputs[0]
+                op, inputs = "QGemm", [*ins[0], *ins[1], bias, *qp[1:]]
+                attrs = {k: node.attrs[k] for k in ("alpha", "transA", "transB")
+                         if k in node.attrs}
+            if not op:
+                continue
+            nodes[nodes.index(q)] = _Node(node.name, op, domain, inputs, list(q.outputs), attrs)
+            dropped.add(id(node))
         return [n for n in nodes if id(n) not in dropped]
 
     def _fold_batch_norms(self, nodes: list[_Node]) -> list[_Node]:
