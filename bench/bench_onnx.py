@@ -20,6 +20,7 @@ import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -27,17 +28,31 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 
 
-def _model_bytes(name: str, kind: str, batch: int) -> bytes:
+def _export_child(name: str, kind: str, batch: int, path: str) -> None:
+    """In a child process: write the model's ONNX bytes to ``path``."""
     import onnx_models as om
     import torch
 
     torch.manual_seed(0)
     model = om.randomized(om.MODELS[name](1.0))
-    shape = (batch, 3, 224, 224)
-    data = om.export(model, shape, dynamo=False)
-    if kind == "float":
-        return data
-    return om.quantize(data, (1, 3, 224, 224), qdq=kind == "qdq", per_channel=True, samples=2)
+    data = om.export(model, (batch, 3, 224, 224), dynamo=False)
+    if kind != "float":
+        data = om.quantize(data, (1, 3, 224, 224), qdq=kind == "qdq", per_channel=True,
+                           samples=2)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _model_bytes(name: str, kind: str, batch: int) -> bytes:
+    """The model, exported and quantized in a child process: the timing process never
+    imports torch (whose OpenMP pool, and the torch.mm path of convengine's GEMMs, would
+    then spin next to both runtimes)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        subprocess.run([sys.executable, __file__, "--export-child", name, kind, str(batch),
+                        path], check=True, capture_output=True)
+        with open(path, "rb") as f:
+            return f.read()
 
 
 def _sessions(data: bytes, threads: int):
@@ -107,7 +122,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--peak-child", choices=["convengine", "onnxruntime"])
+    parser.add_argument("--export-child", nargs=4, metavar=("MODEL", "KIND", "BATCH", "PATH"))
     args = parser.parse_args()
+    if args.export_child:
+        name, kind, batch, path = args.export_child
+        _export_child(name, kind, int(batch), path)
+        return
     if args.peak_child:
         _peak_child(args.peak_child, args.threads)
         return

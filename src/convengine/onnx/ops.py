@@ -17,6 +17,7 @@ from onnx import numpy_helper
 
 from .. import api
 from ..errors import ConvSetupError
+from ..threads import single_threaded_blas
 
 Array = np.ndarray
 Op = Callable[[Sequence["Array | None"], Mapping[str, Any]], list[Array]]
@@ -374,11 +375,19 @@ def _reduce_mean(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> li
 # ------------------------------------------------------------------ linear algebra
 
 
+def _matmul_quiet(a: Array, b: Array) -> Array:
+    """``np.matmul`` on single-threaded BLAS: OpenBLAS's own pool, once woken, spins
+    next to convengine's kernels (measured: the conv after a multi-threaded 1x1280 @
+    1280x1000 GEMM ran 40x slower)."""
+    with single_threaded_blas():
+        return np.matmul(a, b)
+
+
 def _gemm(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
     a, b, c = operands(inputs, "Gemm", 2, 3)
     a = a.T if attrs.get("transA", 0) else a
     b = b.T if attrs.get("transB", 0) else b
-    y = a @ b
+    y = _matmul_quiet(a, b)
     alpha = float(attrs.get("alpha", 1.0))
     if alpha != 1.0:
         y *= y.dtype.type(alpha)
@@ -389,7 +398,7 @@ def _gemm(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Arra
 
 def _matmul(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
     a, b = operands(inputs, "MatMul", 2, 2)
-    return [np.matmul(a, b)]
+    return [_matmul_quiet(a, b)]
 
 
 # ------------------------------------------------------------------ shapes and data movement
