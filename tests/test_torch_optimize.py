@@ -152,6 +152,26 @@ def test_optimize_inverted_residual_matches_pytorch():
     assert acts == ["none", "relu6", "relu6", "silu"]
 
 
+class Shifted(nn.Module):
+    """conv -> bn -> + a broadcast (1, C, 1, 1) parameter -> relu: the add matches the
+    residual pattern but only PyTorch's broadcasting add can do it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.shift = nn.Parameter(torch.randn(1, 4, 1, 1, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x)) + self.shift)
+
+
+def test_optimize_broadcast_residual_keeps_pytorch_semantics():
+    model = _randomize_bn(Shifted(), seed=10)
+    x = torch.randn(2, 3, 5, 5, generator=torch.Generator().manual_seed(11))
+    opt = _check(model, x, fused_convs=1)
+    assert [m.residual for m in opt.modules() if isinstance(m, cet.FusedConv2d)] == [True]
+
+
 class Untraceable(nn.Module):
     """Data-dependent control flow: fx cannot trace it."""
 

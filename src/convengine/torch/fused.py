@@ -10,9 +10,12 @@ heuristic picks. Weights are held channels-last once; results come back channels
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch  # absolute import: PyTorch, not this package
+import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConvSetupError
@@ -24,6 +27,8 @@ __all__ = ["ACTIVATIONS", "FusedConv2d"]
 
 ACTIVATIONS = ("none", "relu", "relu6", "silu")
 ALIGNMENT = 4  # torch views (slices) need not be more aligned than a float32
+_TORCH_ACTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "none": lambda t: t, "relu": torch.relu, "relu6": F.relu6, "silu": F.silu}
 
 
 class FusedConv2d(nn.Module):
@@ -32,6 +37,8 @@ class FusedConv2d(nn.Module):
     weight ``(O, C // groups, kH, kW)`` float32, bias ``(O,)``; ``forward(x)`` or
     ``forward(x, residual)`` with x ``(N, C, H, W)`` and residual of the output's shape
     ``(N, O, OH, OW)``, any memory format; returns ``(N, O, OH, OW)`` channels-last.
+    A residual of another shape (broadcast) or dtype is added by PyTorch after the
+    conv, with the activation.
     """
 
     weight: torch.Tensor
@@ -61,11 +68,12 @@ class FusedConv2d(nn.Module):
         self.register_buffer("bias", bias.detach().float().contiguous())
         self.stride, self.padding, self.dilation = stride, padding, dilation
         self.groups, self.activation, self.residual = groups, activation, residual
-        self._plans: dict[tuple[int, ...], Plan] = {}
+        self._plans: dict[tuple[tuple[int, ...], bool], Plan] = {}
 
-    def _plan(self, x_shape: tuple[int, ...]) -> Plan:
-        """The cached plan for an NHWC input of ``x_shape``."""
-        plan = self._plans.get(x_shape)
+    def _plan(self, x_shape: tuple[int, ...], epilogue: bool = True) -> Plan:
+        """The cached plan for an NHWC input of ``x_shape``: conv + bias, and with
+        ``epilogue`` the residual add and the activation."""
+        plan = self._plans.get((x_shape, epilogue))
         if plan is None:
             g = Graph(io_dtype="float32", compute_dtype="float32", layout="NHWC")
             o, c, kh, kw = self.weight.shape
@@ -74,20 +82,20 @@ class FusedConv2d(nn.Module):
             v = g.conv_fprop(x, w, stride=self.stride, padding=self.padding,
                              dilation=self.dilation, groups=self.groups, name="conv")
             v = g.bias(v, g.tensor("b", (o,), alignment=ALIGNMENT), name="bias")
-            if self.residual:
+            if self.residual and epilogue:
                 y_shape = make_problem(
                     "forward", x_shape, (o, kh, kw, c), dtype="float32", stride=self.stride,
                     padding=self.padding, dilation=self.dilation, groups=self.groups,
                     layout="NHWC").y_shape("NHWC")
                 v = g.add(v, g.tensor("r", y_shape, alignment=ALIGNMENT), name="residual")
-            if self.activation == "relu":
+            if self.activation == "relu" and epilogue:
                 v = g.relu(v, name="act")
-            elif self.activation == "relu6":
+            elif self.activation == "relu6" and epilogue:
                 v = g.clamp(v, 0.0, 6.0, name="act")
-            elif self.activation == "silu":
+            elif self.activation == "silu" and epilogue:
                 v = g.silu(v, name="act")
             v.set_output()
-            plan = self._plans[x_shape] = g.build()
+            plan = self._plans[(x_shape, epilogue)] = g.build()
         return plan
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -100,14 +108,21 @@ class FusedConv2d(nn.Module):
                             f"residual operand")
         xv = to_numpy(x, "input").transpose(0, 2, 3, 1)  # NHWC view
         plan = self._plan(xv.shape)
+        if residual is None:
+            return self._run(plan, xv)
+        rv = to_numpy(residual, "residual").transpose(0, 2, 3, 1)
+        if rv.shape == plan.program.tensors["r"].shape and rv.dtype == np.float32:
+            return self._run(plan, xv, rv)
+        # broadcasting or type promotion (the trace knew no shapes): PyTorch's own add
+        # and activation after the conv, so that the model's semantics stay
+        y = self._run(self._plan(xv.shape, epilogue=False), xv) + residual
+        return _TORCH_ACTS[self.activation](y)
+
+    def _run(self, plan: Plan, xv: np.ndarray, rv: np.ndarray | None = None) -> torch.Tensor:
+        """Execute ``plan`` on NHWC views -> (N, O, OH, OW) channels-last."""
         bindings = {"x": xv, "w": to_numpy(self.weight, "weight").transpose(0, 2, 3, 1),
                     "b": to_numpy(self.bias, "bias")}
-        if residual is not None:
-            rv = to_numpy(residual.float(), "residual").transpose(0, 2, 3, 1)
-            want = plan.program.tensors["r"].shape
-            if rv.shape != want:
-                raise ConvSetupError(f"residual has shape {_nchw(rv.shape)}, expected the "
-                                     f"conv output's {_nchw(want)}")
+        if rv is not None:
             bindings["r"] = rv
         y = plan.execute(bindings)[plan.program.outputs[0]]
         return from_numpy(y).permute(0, 3, 1, 2)
@@ -117,7 +132,3 @@ class FusedConv2d(nn.Module):
         return (f"{c * self.groups}, {o}, kernel_size=({kh}, {kw}), stride={self.stride}, "
                 f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
                 f"activation={self.activation!r}, residual={self.residual}")
-
-
-def _nchw(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return (shape[0], shape[-1], *shape[1:-1])
