@@ -4,6 +4,7 @@ add and activation fused) against PyTorch's unfused model run in float64."""
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 
@@ -140,8 +141,14 @@ def test_optimize_resnet_bottleneck_matches_pytorch():
     fused = {m.activation: m.residual for m in opt.modules() if isinstance(m, cet.FusedConv2d)
              if m.residual}
     assert fused == {"relu": True}  # conv3 + bn3 + add + relu is one conv
-    assert opt(x).is_contiguous(memory_format=CL)
+    y = opt(x)
+    assert y.is_contiguous(memory_format=CL)
     assert any(isinstance(m, nn.BatchNorm2d) for m in model.modules())  # model untouched
+    buf = io.BytesIO()
+    torch.save(opt, buf)  # plans (compiled code) are left behind, rebuilt on use
+    buf.seek(0)
+    assert torch.equal(torch.load(buf, weights_only=False)(x), y)
+    assert torch.equal(copy.deepcopy(opt)(x), y)
 
 
 def test_optimize_inverted_residual_matches_pytorch():

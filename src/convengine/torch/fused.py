@@ -70,6 +70,11 @@ class FusedConv2d(nn.Module):
         self.groups, self.activation, self.residual = groups, activation, residual
         self._plans: dict[tuple[tuple[int, ...], bool], Plan] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles leave the plans behind (they hold compiled code)."""
+        state = super().__getstate__()
+        return {**state, "_plans": {}}
+
     def _plan(self, x_shape: tuple[int, ...], epilogue: bool = True) -> Plan:
         """The cached plan for an NHWC input of ``x_shape``: conv + bias, and with
         ``epilogue`` the residual add and the activation."""
