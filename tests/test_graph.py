@@ -359,7 +359,8 @@ def test_engine_order_prefers_fusion_for_large_outputs():
     for name, g in (("small", small), ("large", large)):
         g.validate()
         order[name] = engine_order(Program.from_graph(g))
-        assert g.build(cache=PlanCache()).engine_name == f"{order[name][0]}[1x1]"
+        # the engine leads; the conv algorithm is the heuristic's (blocked or 1x1)
+        assert g.build(cache=PlanCache()).engine_name.startswith(f"{order[name][0]}[")
     assert order == {"small": ("partly_fused", "fused", "unfused"), "large": eng.ENGINES}
 
 
