@@ -196,10 +196,11 @@ def transpose_problem(
         make_problem("forward", x.shape, w.shape, dtype=dtype, layout=layout)
     ndim, layout = x.ndim - 2, check_layout(layout)
     _, x_channels, in_size = split_shape(x.shape, layout)
-    _, w_channels, kernel = split_shape(w.shape, layout)
-    if min(x_channels, *in_size) < 1:
-        raise ConvSetupError(f"empty dims: x shape {x.shape} ({layout}) needs channels and "
-                             f"spatial sizes >= 1 (only the batch may be 0)")
+    w_lead, w_channels, kernel = split_shape(w.shape, layout)
+    if min(x_channels, *in_size, w_lead, w_channels, *kernel) < 1:
+        raise ConvSetupError(f"empty dims: x shape {x.shape} and w shape {w.shape} ({layout}) "
+                             f"need channels, kernel and spatial sizes >= 1 (only the batch "
+                             f"may be 0)")
     stride_t = spatial_tuple(stride, ndim, "stride", 1)
     dilation_t = spatial_tuple(dilation, ndim, "dilation", 1)
     out_pad = spatial_tuple(output_padding, ndim, "output_padding", 0)

@@ -570,7 +570,8 @@ def transpose_output_size(
             raise ConvSetupError(
                 f"transposed convolution output would be empty in spatial dim {i}: "
                 f"computed size {size} from input {n}, stride {s}, padding {lo}+{hi}, "
-                f"dilated kernel {d * (k - 1) + 1}, output_padding {op}"
+                f"dilated kernel {d * (k - 1) + 1} (kernel {k}, dilation {d}), "
+                f"output_padding {op}"
             )
         out.append(size)
     return tuple(out)
