@@ -197,3 +197,18 @@ def test_tasks_leave_the_callers_threads_alone():
     y = ced.conv(_dask(x, ((4, 7), (5, 4))), w, padding=1, threads=1)
     y.compute(scheduler="threads", num_workers=2)
     assert blas_threads() == before and ce.get_num_threads() == numba_before
+
+
+def test_conv_transpose_nhwc_float32_with_bias():
+    shape, chunks, wshape, stride, padding, out_pad, dilation, groups = TRANSPOSE[3]
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal(shape), rng.standard_normal(wshape)
+    b = rng.standard_normal(wshape[1] * groups)
+    kw = dict(stride=stride, padding=padding, output_padding=out_pad, dilation=dilation,
+              groups=groups)
+    ref = np.moveaxis(ce.conv_transpose(x, w, b, **kw, algo="reference"), 1, -1)
+    xd = _dask(x.astype(np.float32), chunks, "NHWC")
+    y = ced.conv_transpose(xd, _nhwc_w(w).astype(np.float32), b.astype(np.float32), **kw,
+                           layout="NHWC").compute()
+    assert y.dtype == np.float32
+    assert_close(y, ref, "float32", "dask conv_transpose NHWC")
