@@ -5,6 +5,7 @@ usable cache and removes the compiled kernels too."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import warnings
@@ -106,6 +107,9 @@ def test_clear_empties_both_caches(tuning: Path, capsys: pytest.CaptureFixture[s
     kernels = _kernel_cache.kernel_dir()
     kernels.mkdir(parents=True)
     (kernels / "k_0.py").write_text("x = 1\n")
+    assert cli.main(["cache", "show", "--json", "-"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["kernels"], shown["kernel_count"]) == (str(kernels), 1)
     status, out, _ = _clear(capsys)
     assert status == 0
     assert "removed 1 entries" in out and "removed 1 compiled kernels" in out

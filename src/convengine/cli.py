@@ -371,6 +371,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         _emit_json(args.json, {
             "cache": str(cache.path), "host": host, "convengine": version,
             "usable": cache.failure is None, "failure": cache.failure,
+            "kernels": str(_kernel_cache.kernel_dir()), "kernel_count": _kernel_cache.count(),
             "entries": [{**e.to_json(), "stale": stale(e)} for e in entries],
         })
         if args.json != "-":
