@@ -234,3 +234,12 @@ def test_cached_code_for_another_signature_is_never_run(cache: Path) -> None:
         np.testing.assert_array_equal(g(np.arange(3.0)), [1.0, 4.0, 7.0])
         np.testing.assert_array_equal(g(np.arange(3)), [1.0, 4.0, 7.0])
     assert any("is for" in str(w.message) for w in caught)
+
+
+def test_import_compiles_nothing() -> None:
+    code = ("import numba\nfrom numba.core import event\n"
+            "with event.install_recorder('numba:compile') as rec:\n    import convengine\n"
+            "print(len(rec.buffer))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert res.stdout.split() == ["0"], res.stderr
