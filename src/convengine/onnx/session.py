@@ -206,7 +206,9 @@ class Session:
         self._nodes = self._prune(nodes)
         for node in self._nodes:
             node.run = self._compile(node)
-        self._frees = self._lifetimes()
+        read = {n for node in self._nodes for n in node.inputs} | self._output_names
+        self._consts = {k: v for k, v in self._consts.items() if k in read}  # weights
+        self._frees = self._lifetimes()  # laid out inside conv steps are not kept twice
 
     # -------------------------------------------------------------- public
 
@@ -566,11 +568,12 @@ class Session:
             args = conv_args(node.attrs, w.shape)
             w_last = np.ascontiguousarray(np.moveaxis(w, 1, -1))
             b_name = node.inputs[2] if len(node.inputs) > 2 else ""
-            b = np.ascontiguousarray(c[b_name]) if b_name else None
-            steps = node.attrs.get("_epilogue", [])
             if b_name and b_name not in c:
                 raise ConvSetupError(f"node {node.name!r} (Conv): bias {b_name!r} must be "
                                      f"an initializer when W is one")
+            b = np.ascontiguousarray(c[b_name]) if b_name else None
+            steps = node.attrs.get("_epilogue", [])
+            node.inputs[1:3] = ["", ""]  # held, laid out, by the step
 
             def run_conv(xs: list[Any]) -> list[Array]:
                 y = conv_last(np.asarray(xs[0]), w_last, b, args)
@@ -581,6 +584,7 @@ class Session:
             args = conv_args(node.attrs, w.shape)
             w_last = np.ascontiguousarray(np.moveaxis(w, 1, -1))
             relu = bool(node.attrs.get("_relu", False))
+            node.inputs[3] = ""  # held, laid out, by the step
 
             def run_qconv(xs: list[Any]) -> list[Array]:
                 x, xs_, xzp, _, ws, wzp, ys, yzp, *rest = xs + [None]
