@@ -123,6 +123,36 @@ class MobileNetV2(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
+class OpZoo(nn.Module):
+    """A small net with the other operators exporters emit for MobileNetV3,
+    EfficientNet and U-Net: HardSwish, depthwise conv + SiLU, squeeze-excitation
+    (ReduceMean, HardSigmoid, Mul), MaxPool, LeakyReLU, ConvTranspose, Concat, nearest
+    and bilinear Resize, AveragePool, Sigmoid, Gemm, Softmax; two outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16),
+                                  nn.Hardswish())
+        self.dw = nn.Sequential(nn.Conv2d(16, 16, 3, 1, 1, groups=16, bias=False),
+                                nn.BatchNorm2d(16), nn.SiLU())
+        self.se1, self.se2 = nn.Conv2d(16, 4, 1), nn.Conv2d(4, 16, 1)
+        self.down = nn.Sequential(nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1),
+                                  nn.LeakyReLU(0.1))
+        self.up = nn.ConvTranspose2d(32, 16, 2, stride=2)
+        self.head = nn.Sequential(nn.AvgPool2d(2), nn.Conv2d(32, 8, 1), nn.Sigmoid())
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.dw(self.stem(x))
+        scale = self.se2(torch.relu(self.se1(x.mean((2, 3), keepdim=True))))
+        x = x * nn.functional.hardsigmoid(scale)
+        d = self.down(x)
+        u = nn.functional.interpolate(torch.cat([self.up(d), x], 1), scale_factor=2,
+                                      mode="nearest")
+        probs = torch.softmax(self.fc(self.head(u).mean((2, 3))), -1)
+        return probs, nn.functional.interpolate(d, scale_factor=2, mode="bilinear")
+
+
 def randomized(model: nn.Module, seed: int = 0) -> nn.Module:
     """``model`` in eval mode with random BatchNorm statistics (so folding matters)."""
     g = torch.Generator().manual_seed(seed)

@@ -519,3 +519,34 @@ def test_qdq_add_pool_reshape_run_in_int8_like_onnxruntime():
     expected = ort.InferenceSession(model.SerializeToString(),
                                     providers=["CPUExecutionProvider"]).run(None, {"a": a, "b": b})
     assert_same(session.run(None, {"a": a, "b": b}), expected)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["legacy", "dynamo"])
+def test_exported_op_zoo_matches_onnxruntime(dynamo):
+    """The MobileNetV3 / EfficientNet / U-Net operators as both exporters write them."""
+    om = _models()
+    import io
+
+    import torch
+
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    model = om.randomized(om.OpZoo())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        if dynamo:
+            data = torch.onnx.export(model, (x,), dynamo=True, opset_version=20,
+                                     input_names=["input"]).model_proto.SerializeToString()
+        else:
+            buf = io.BytesIO()
+            torch.onnx.export(model, (x,), buf, dynamo=False, opset_version=17,
+                              input_names=["input"])
+            data = buf.getvalue()
+    ort = pytest.importorskip("onnxruntime")
+    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(
+        None, {"input": x.numpy()})
+    outputs = ceo.Session(data).run(None, {"input": x.numpy()})
+    for y, e in zip(outputs, expected, strict=True):
+        assert y.shape == e.shape
+        assert np.abs(y - e).max() <= 1e-5 * np.abs(e).max()
