@@ -142,14 +142,15 @@ def _after_fork_in_child() -> None:
 
 _start_numba_pool()
 os.register_at_fork(after_in_child=_after_fork_in_child)
+_layer_num_threads: Callable[[], int] = numba.np.ufunc.parallel._get_num_threads  # type: ignore[attr-defined]
 
 
-@numba.njit  # not cached: numba cannot cache code that reads the threading layer
 def get_num_threads() -> int:
     """The number of threads convengine's kernels use (numba's setting, which is per
-    Python thread). Compiled: ``numba.get_num_threads()`` called from Python takes two
-    locks, 25-30 us a call with cold caches."""
-    return numba.get_num_threads()
+    Python thread): the threading layer's own C function, called directly (about a
+    microsecond; ``numba.get_num_threads()`` takes two locks, 25-30 us with cold caches,
+    and a compiled wrapper cannot be cached, so it compiled again in every process)."""
+    return _layer_num_threads()
 
 
 def set_num_threads(n: int) -> None:
