@@ -106,3 +106,27 @@ def test_forward_nonfinite_weight_larger_than_the_output(x_shape, w_shape, args)
     expected = ce.conv(x.astype(np.float64), w.astype(np.float64), algo="reference", **args)
     assert np.isnan(expected[:, 3]).all()
     _same_pattern(_serving("forward", ce.conv, x, w, **args), expected)
+
+
+@pytest.mark.parametrize("engine", ["fused", "partly_fused", "unfused"])
+def test_graph_plans_follow_the_rule(engine):
+    """Graph engines call the algorithms themselves (tiles included): same rule."""
+    from convengine.graph import Candidate, Graph
+    from convengine.graph import engines as eng
+    from convengine.graph.program import Program
+
+    x = RNG.standard_normal((2, 16, 10, 10)).astype(np.float32)
+    w = RNG.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    w[0, 0, 0, 0] = np.nan
+    g = Graph(io_dtype="float32", compute_dtype="float32")
+    xt, wt = g.tensor("x", x.shape), g.tensor("w", w.shape)
+    y = g.relu(g.conv_fprop(xt, wt, padding=1, name="conv"))
+    y.set_output(True)
+    g.validate()
+    built = eng.build(Candidate(engine, "direct"), Program.from_graph(g), False, False)
+    assert not isinstance(built, str), built
+    got = built.run({"x": x, "w": w})[y.name]
+    expected = np.maximum(ce.conv(x.astype(np.float64), w.astype(np.float64), padding=1,
+                                  algo="reference"), 0)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    assert np.isnan(got).sum() == 200
