@@ -105,3 +105,18 @@ def test_backward_data_refuses_strides_and_odd_channels():
     why = ce.explain(np.ones((1, 16, 9, 9), np.float32), np.ones(w_shape, np.float32),
                      x_shape, padding=1, pass_="backward_data").refused["blocked"]
     assert "multiple of 16" in why
+
+
+def test_packed_weights_are_reused_and_never_stale():
+    """Repeated calls reuse the packed weights; weights changed in place (a training
+    step) are packed again: the result always matches the float64 reference."""
+    rng = np.random.default_rng(11)
+    x, w = random(rng, (1, 6, 7, 16), "float32"), random(rng, (32, 3, 3, 16), "float32")
+    blocked.PACKED.clear()
+    for step in range(3):
+        for _ in range(2):
+            got = ce.conv(x, w, layout="NHWC", algo="blocked", padding=1)
+            assert_close(got, reference("forward", x, w, layout="NHWC", padding=1), "float32",
+                         f"blocked step {step}")
+        w += np.float32(0.25)  # in place, as an optimizer step
+    assert blocked.PACKED.misses == 3 and blocked.PACKED.hits == 3

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import convengine as ce
-from convengine.algorithms import _fma, winograd
+from convengine.algorithms import _fma, weight_cache, winograd
 from convengine.registry import get
 
 # max |got - ref| / max |ref| for float32 inputs with unit-normal data; measured
@@ -141,7 +141,7 @@ def test_weight_cache_reuses_and_never_serves_stale() -> None:
 
 
 def test_weight_cache_is_bounded() -> None:
-    cache = winograd._WeightCache(max_bytes=10_000)
+    cache = weight_cache.WeightCache(max_bytes=10_000)
     rng = np.random.default_rng(0)
     for _ in range(20):
         w = rng.standard_normal((8, 3, 3, 8)).astype(np.float32)
@@ -252,8 +252,8 @@ def test_overflow_in_the_transforms_falls_back_to_direct() -> None:
 def test_same_bits_sees_one_flipped_bit(size) -> None:
     rng = np.random.default_rng(size)
     a = rng.standard_normal(size).astype(np.float32)
-    assert winograd._same_bits(a, a.copy())
+    assert weight_cache.same_bits(a, a.copy())
     for i in (0, size // 2, size - 1):
         b = a.copy()
         b.view(np.uint32)[i] ^= 1
-        assert not winograd._same_bits(a, b)
+        assert not weight_cache.same_bits(a, b)

@@ -33,8 +33,12 @@ from ..registry import register
 from ._common import too_large
 from ._fma import row_pointers, splat, store_rows
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_weight
+from .weight_cache import WeightCache
 
 MR = 6  # output pixels per micro-tile (a row segment)
+# packed weights of recent calls (matched bit-exactly on w): packing is a strided copy
+# of every weight, about as long as a batch-1 layer's kernel
+PACKED = WeightCache(128 * 2**20)
 VEC = 16  # float32 lanes of a zmm register
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, VEC)
@@ -196,18 +200,24 @@ def _workspace(problem: ConvProblem) -> int:
     return 4 * (padded + weights)
 
 
-@register("blocked", "forward", supports=_supports, workspace_bytes=_workspace, accuracy=2,
-          numpy_math=False)
-def blocked_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    nvec = _nvec(problem.out_channels)
+def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray) -> np.ndarray:
+    """The forward conv of x (N, *S, C) by packed weights wp (:func:`pack_weight`)."""
     xp = padded_input(x, problem)
-    wp = pack_weight(w, problem.ndim, VEC * nvec)
     y = np.empty(problem.y_shape("NHWC"), np.float32)
     lead = 2 - problem.ndim
     sh, sw = (1,) * lead + problem.stride
     dh, dw = (1,) * lead + problem.dilation
-    _driver(nvec)(xp, wp, _as2d(y, problem.ndim), sh, sw, dh, dw)
+    _driver(wp.shape[-1] // VEC)(xp, wp, _as2d(y, problem.ndim), sh, sw, dh, dw)
     return y
+
+
+@register("blocked", "forward", supports=_supports, workspace_bytes=_workspace, accuracy=2,
+          numpy_math=False)
+def blocked_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    nr = VEC * _nvec(problem.out_channels)
+    wp, _ = PACKED.get(w, ("forward", problem.ndim, nr),
+                       lambda w: pack_weight(w, problem.ndim, nr))
+    return _forward(problem, x, wp)
 
 
 def _supports_bwd_data(problem: ConvProblem) -> str | None:
@@ -224,4 +234,7 @@ def _workspace_bwd_data(problem: ConvProblem) -> int:
 @register("blocked", "backward_data", supports=_supports_bwd_data,
           workspace_bytes=_workspace_bwd_data, accuracy=2, numpy_math=False)
 def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
-    return blocked_fwd(backward_data_as_forward(problem), dy, flipped_weight(w))
+    nr = VEC * _nvec(problem.in_channels)
+    wp, _ = PACKED.get(w, ("flipped", problem.ndim, nr),
+                       lambda w: pack_weight(flipped_weight(w), problem.ndim, nr))
+    return _forward(backward_data_as_forward(problem), dy, wp)
