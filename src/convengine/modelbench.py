@@ -147,18 +147,20 @@ def _numpy_layers(shapes: list[dict[str, Any]], threads: int, rounds: int) -> di
                       groups=s["groups"], layout="NHWC")
         calls.append((x, w, kwargs))
 
-    def network() -> list[Any]:
-        """One pass; each conv's input, as it ran."""
-        inputs, y = [], None
+    def network(inputs: list[Any] | None = None) -> None:
+        """One pass (each conv's input appended to ``inputs`` if given; else each
+        output is freed once the next conv has read it, as in the network)."""
+        y = None
         for x, w, kw in calls:
             if y is not None and y.shape == x.shape:
                 x = y
-            inputs.append(x)
+            if inputs is not None:
+                inputs.append(x)
             y = ce.conv(x, w, **kw)
-        return inputs
 
     network()  # compile and tune
-    chained = network()
+    chained: list[Any] = []
+    network(chained)
     order = []
     for _ in range(rounds):
         t = time.perf_counter()
