@@ -25,6 +25,8 @@ from test_tune_helpers import fast_registry, operands, problem
 def tuning(tmp_path, monkeypatch):
     """Tuning on, a private cache directory, numpy-only candidates; restored after."""
     monkeypatch.setenv("CONVENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    # store whatever the host measures: these tests are about the cache, not the host
+    monkeypatch.setattr(bench, "QUIET", float("inf"))
     for pass_, table in fast_registry().items():
         monkeypatch.setitem(registry._REGISTRY, pass_, table)
     previous = ce.set_tuning("on")
@@ -217,7 +219,8 @@ def test_a_failing_or_wrong_candidate_is_recorded_and_never_chosen(bad_candidate
     assert result.choice not in ("always_fails", "fast_but_wrong")
     assert result.results["always_fails"]["error"].startswith("RuntimeError: this candidate")
     assert "disagrees" in result.results["fast_but_wrong"]["error"]
-    assert tuner.choose(p).name == result.choice
+    # what auto runs: the stored choice, or the heuristic where timings were too noisy
+    assert (tuner.choose(p) or select.heuristic(p)).name == result.choice
     assert_close(ce.conv(x, w, padding=1), expected_conv(x, w, padding=1), "float32")
 
 
@@ -502,7 +505,8 @@ def _timed(median_s: float, spread: float = 0.05, **extra) -> dict:
     ({"a": _timed(1.0), "b": {"error": "boom"}}, ("a", "faster")),
     ({"a": _timed(1.0, spread=0.9), "b": _timed(4.0, eliminated=True)}, ("a", "faster")),
 ])
-def test_decide_keeps_the_heuristic_unless_clearly_beaten(results, expected):
+def test_decide_keeps_the_heuristic_unless_clearly_beaten(results, expected, monkeypatch):
+    monkeypatch.setattr(bench, "QUIET", 0.25)
     ranked = bench.rank(results, {"a": 0, "b": 0})
     assert bench.decide(results, ranked, "b" if expected != ("a", "agrees") else "a") == expected
 
@@ -521,6 +525,7 @@ def test_noisy_measurement_is_not_stored(tuning, monkeypatch):
         return {other: _timed(1e-3, spread=0.8), default: _timed(5e-3, spread=0.8)}
 
     monkeypatch.setattr(bench, "benchmark", noisy)
+    monkeypatch.setattr(bench, "QUIET", 0.25)
     result = tuner.tune_problem(p)
     assert (result.choice, result.source, result.why) == (default, "noisy", "noisy")
     assert tuner.default_cache().entries() == []

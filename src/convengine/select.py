@@ -25,14 +25,12 @@ PREFERENCE = (
     "direct", "reference",
 )
 # ``blocked`` (its own AVX-512 micro-kernel on convengine's threads) leads the GEMM
-# algorithms, whose BLAS runs single-threaded (``convengine.threads``), wherever the
-# call has BLOCKED_MIN_PIXELS output pixels (batch x output size) or more, and on the
-# thin stems (fewer than BLOCKED_MAX_CHANNELS input channels: 2-4x im2col's speed,
-# measured 2026-11-29). Measured 2026-11-30 on ResNet-50's layers (AMD EPYC, 2 vCPUs):
-# 1.2-3.5x the 1x1/im2col GEMMs from 14x14 at batch 1 and on every layer at batch 8;
-# 0.55-0.9x on the 7x7 layers at batch 1 (49 pixels), which stay on the GEMMs.
-BLOCKED_MAX_CHANNELS = 16
-BLOCKED_MIN_PIXELS = 196
+# algorithms, whose BLAS runs single-threaded (``convengine.threads``), wherever it
+# serves. Measured 2026-11-30 on ResNet-50's layers (AMD EPYC, 2 vCPUs, quiet host):
+# 1.2-3.5x the 1x1/im2col GEMMs alone at batch 8 and from 14x14 at batch 1; on the 7x7
+# layers at batch 1, 1.7x in network order (their weights come from memory, which one
+# BLAS thread cannot stream as fast): the convs of ResNet-50 b1 in order 27.7 ms
+# against 40.6 with the 7x7 layers on the GEMMs (PyTorch's: 27.8).
 # Winograd (fused kernel) where its transformed weights, re-read on every call, meet
 # enough output tiles: F(4x4) from WINOGRAD4_MIN_TILES tiles of 4x4 per call, F(2x2)
 # on any output of WINOGRAD_MIN_OUTPUT or more per dim. Measured 2026-11-30 on
@@ -62,15 +60,10 @@ def _suits(problem: ConvProblem, algo: Algorithm) -> bool:
     """Speed and accuracy rules on top of ``supports``: exact algorithms only where
     ``exactness`` says so (float64, or inexact ones switched off); inexact ones
     (Winograd) and implicit_gemm's per-tap GEMMs only from 16 channels, Winograd only
-    with enough tiles (``WINOGRAD4_MIN_TILES``, ``WINOGRAD_MIN_OUTPUT``); ``blocked``
-    below ``BLOCKED_MAX_CHANNELS`` input channels or from ``BLOCKED_MIN_PIXELS``."""
+    with enough tiles (``WINOGRAD4_MIN_TILES``, ``WINOGRAD_MIN_OUTPUT``)."""
     if not exactness.eligible(algo, problem):
         return False
     if algo.name == "implicit_gemm" and problem.in_channels < 16:
-        return False
-    if algo.name == "blocked" and not (
-            problem.in_channels < BLOCKED_MAX_CHANNELS
-            or problem.batch * math.prod(problem.out_size) >= BLOCKED_MIN_PIXELS):
         return False
     if not algo.exact and min(problem.in_channels, problem.out_channels) < 16:
         return False  # Winograd's saving is in the GEMM; thin layers pay only transforms

@@ -37,8 +37,11 @@ from .weight_cache import WeightCache
 
 MR = 6  # output pixels per micro-tile (a row segment)
 # packed weights of recent calls (matched bit-exactly on w): packing is a strided copy
-# of every weight, about as long as a batch-1 layer's kernel
-PACKED = WeightCache(128 * 2**20)
+# of every weight, about as long as a batch-1 layer's kernel. Each entry holds the
+# packed panels and a copy of w; a whole ResNet-50 takes 190 MB (380 MB with its
+# backward-data panels), and a network that does not fit cycles through the LRU
+# missing every call (measured: ResNet-50 b1 in network order 52 ms at 128 MiB)
+PACKED = WeightCache(512 * 2**20)
 VEC = 16  # float32 lanes of a zmm register
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, VEC)

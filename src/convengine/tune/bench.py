@@ -11,8 +11,8 @@ first round, only over ``ELIMINATE_FIRST``); timing stops when one is left.
 timed when another candidate serves.
 
 :func:`decide` then keeps the heuristic's pick unless the fastest beats it clearly:
-by ``MARGIN`` in medians whose spread (``(max - min) / median`` of the runs) stays
-under ``QUIET`` on both; a win measured on a noisy host is no win.
+by ``MARGIN`` in medians whose spread (the runs' interquartile range over their
+median) stays under ``QUIET`` on both; a win measured on a noisy host is no win.
 """
 
 from __future__ import annotations
@@ -141,9 +141,19 @@ def benchmark(problem: ConvProblem, candidates: Sequence[Algorithm]) -> dict[str
         if name not in results:
             results[name] = {
                 "median_s": median(ts), "runs": len(ts), "eliminated": name in eliminated,
-                "spread": (max(ts) - min(ts)) / max(median(ts), 1e-12),
+                "spread": _spread(ts),
             }
     return results
+
+
+def _spread(ts: Sequence[float]) -> float:
+    """The interquartile range of the runs over their median (one stray run among five
+    or more moves it little; with fewer, the full range)."""
+    if len(ts) < 5:
+        low, high = min(ts), max(ts)
+    else:
+        low, high = np.percentile(ts, [25, 75])
+    return float(high - low) / max(median(ts), 1e-12)
 
 
 def timed_candidates(candidates: Sequence[Algorithm]) -> list[Algorithm]:
