@@ -1,28 +1,32 @@
-"""How convengine shares the cores: one pool for its compiled kernels, BLAS kept
-single-threaded, nothing left spinning.
+"""How convengine shares the cores: one OpenMP pool, BLAS kept single-threaded.
 
-In one process three thread pools can meet: numba's OpenMP pool (the system libgomp),
-numpy's OpenBLAS pool and PyTorch's own libgomp. Each busy-waits after its work
-(measured here: libgomp about 3.5 ms of CPU after every parallel region, OpenBLAS
-about 36 ms after every multi-threaded GEMM), so on a small host each one's spinning
-slows the others severalfold. convengine therefore, with no variable for the user to
-export:
+In one process three thread pools can meet: numba's OpenMP pool, numpy's OpenBLAS
+pool and PyTorch's libgomp. Each busy-waits after its work (measured here: libgomp
+about 3.5 ms of CPU after every parallel region, OpenBLAS about 36 ms after every
+multi-threaded GEMM), so on a small host two pools spinning at each other slow both
+severalfold. convengine therefore, with no variable for the user to export:
 
-- loads numba's OpenMP runtime with ``OMP_WAIT_POLICY=PASSIVE`` set for that runtime
-  alone (the variable is restored at once; PyTorch's runtime, loaded first, keeps its
-  own defaults): convengine's kernel threads sleep as soon as a kernel ends;
+- runs its compiled kernels on **one OpenMP runtime**. Where PyTorch is installed,
+  convengine loads PyTorch's own libgomp (without importing torch, into the global
+  symbol scope) before numba starts its OpenMP layer; numba's layer then binds its
+  OpenMP calls to that runtime, so convengine's kernels and PyTorch's ops share one
+  team of threads (the threads a PyTorch op leaves spinning pick up the next
+  convengine kernel, and the other way round) and PyTorch keeps its defaults. Without
+  PyTorch, numba's layer loads the system libgomp with ``OMP_WAIT_POLICY=PASSIVE``
+  set for that load only (the environment is restored at once): nothing else shares
+  that runtime, so its threads sleep as soon as a kernel ends;
 - never runs numpy's BLAS multi-threaded, so OpenBLAS's workers are never woken:
-  a GEMM (:func:`matmul`) runs on PyTorch's pool through ``torch.mm`` where the
-  process has imported PyTorch (its threads are the ones PyTorch's own ops keep
-  busy), else single-threaded BLAS on convengine's threads (numpy's OpenBLAS
-  serialises concurrent calls, so most of the speed is in ``blocked``'s own kernel);
+  a GEMM (:func:`matmul`) runs through ``torch.mm`` on that same pool where the
+  process has imported PyTorch, else single-threaded BLAS on convengine's threads
+  (numpy's OpenBLAS serialises concurrent calls, so most of the speed is in
+  ``blocked``'s own kernel);
 - after ``fork()`` (multiprocessing, DataLoader workers, Dask's process scheduler),
   runs the child's kernels on one thread: GNU OpenMP cannot restart its pool in a
   forked child, and numba would stop such a child. Processes are the parallelism there.
 
 A user who set ``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` or ``NUMBA_THREADING_LAYER``
-keeps that choice; ``CONVENGINE_OMP_SPIN=n`` lets convengine's threads alone spin
-``n`` times (libgomp's count) before they sleep. ``set_num_threads(n)`` sets
+keeps that choice; ``CONVENGINE_OMP_SPIN=n`` (no PyTorch) lets convengine's threads
+spin ``n`` times (libgomp's count) before they sleep. ``set_num_threads(n)`` sets
 convengine's thread count (numba's kernels and the GEMM splits); it leaves numpy's
 own BLAS setting alone.
 """
@@ -63,10 +67,10 @@ MATMUL_SPLIT_FLOPS = 1 << 21
 def _preload_torch_openmp() -> None:
     """Load PyTorch's own libgomp (without importing torch) if torch is installed.
 
-    numba's OpenMP layer links the system ``libgomp.so.1.0.0``; once that is loaded,
-    a later ``import torch`` would bind to it (same soname) instead of its own copy
-    and inherit the passive wait policy set below. Loading torch's copy first keeps
-    PyTorch in exactly the configuration it has without convengine."""
+    Into the global symbol scope: numba's OpenMP layer, loaded next, resolves its
+    OpenMP calls there first, so both libraries share PyTorch's runtime. (Else numba
+    would load the system ``libgomp.so.1.0.0``, and a later ``import torch`` would bind
+    to that copy, same soname, with the passive policy set for it.)"""
     if any("libgomp" in line for line in _mapped_files()):
         return
     spec = importlib.util.find_spec("torch")
