@@ -501,6 +501,8 @@ def _timed(median_s: float, spread: float = 0.05, **extra) -> dict:
     # clearly faster, but the runs spread too much to trust
     ({"a": _timed(1.0, spread=0.6), "b": _timed(1.5)}, ("b", "noisy")),
     ({"a": _timed(1.0), "b": _timed(1.5, spread=0.4)}, ("b", "noisy")),
+    # clearly faster with a tight spread, but other processes kept the host busy
+    ({"a": _timed(1.0, others_busy=0.4), "b": _timed(8.0, others_busy=0.4)}, ("b", "noisy")),
     # the heuristic's pick failed or was eliminated
     ({"a": _timed(1.0), "b": {"error": "boom"}}, ("a", "faster")),
     ({"a": _timed(1.0, spread=0.9), "b": _timed(4.0, eliminated=True)}, ("a", "faster")),
@@ -545,3 +547,27 @@ def test_choice_within_margin_is_stored_as_the_heuristic(tuning, monkeypatch):
     assert (result.choice, result.why) == (default, "margin")
     (entry,) = tuner.default_cache().entries()
     assert entry.choice == default and tuner.choose(p).name == default
+
+
+def test_a_busy_host_is_seen():
+    """Other processes spinning on every CPU take most of the host's CPU time between
+    two readings; this process sleeping takes none of it."""
+    import subprocess
+    import sys
+    import time
+
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.3)  # let them start
+        before = bench._cpu_seconds()
+        time.sleep(0.5)
+        after = bench._cpu_seconds()
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    if before is None:
+        pytest.skip("no /proc/stat on this system")
+    assert bench._others_share(before, after) > 0.5
+    assert bench._others_share(before, before) == 0.0

@@ -12,11 +12,15 @@ timed when another candidate serves.
 
 :func:`decide` then keeps the heuristic's pick unless the fastest beats it clearly:
 by ``MARGIN`` in medians whose spread (the runs' interquartile range over their
-median) stays under ``QUIET`` on both; a win measured on a noisy host is no win.
+median) stays under ``QUIET`` on both, while other processes took under ``BUSY`` of
+the host's CPU time (``/proc/stat``): a win measured on a busy host is no win. (A
+busy neighbour can slow a parallel kernel consistently, every run waiting for a
+scheduler tick: measured 8 ms for a 0.3 ms kernel with a tight spread.)
 """
 
 from __future__ import annotations
 
+import os
 import time
 import zlib
 from collections.abc import Mapping, Sequence
@@ -35,6 +39,7 @@ DISAGREE = 1e-2  # relative L2 distance to the most accurate output that fails a
 MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 15, 0.5
 MARGIN = 0.15  # the fastest replaces the heuristic's pick only when this much faster
 QUIET = 0.25  # ... and the runs of both spread less than this around their medians
+BUSY = 0.15  # ... and other processes took less than this share of the host's CPU time
 
 # What one candidate measured: {"median_s", "runs", "eliminated"} or {"error"}.
 Result = dict[str, Any]
@@ -115,6 +120,7 @@ def benchmark(problem: ConvProblem, candidates: Sequence[Algorithm]) -> dict[str
     del outputs
     alive = [c for c in candidates if c.name not in results]
     times: dict[str, list[float]] = {c.name: [] for c in alive}
+    host_before = _cpu_seconds()
     eliminated: set[str] = set()
     spent, rounds = 0.0, 0
     while alive and rounds < MAX_ROUNDS and (rounds < MIN_ROUNDS or spent < BUDGET_S):
@@ -137,13 +143,37 @@ def benchmark(problem: ConvProblem, candidates: Sequence[Algorithm]) -> dict[str
             alive = [c for c in alive if c.name not in slow]
         if len(alive) <= 1:
             break  # nothing left to compare
+    others = _others_share(host_before, _cpu_seconds())
     for name, ts in times.items():
         if name not in results:
             results[name] = {
                 "median_s": median(ts), "runs": len(ts), "eliminated": name in eliminated,
-                "spread": _spread(ts),
+                "spread": _spread(ts), "others_busy": others,
             }
     return results
+
+
+def _cpu_seconds() -> tuple[float, float, float] | None:
+    """(wall clock, CPU seconds the whole host spent busy, this process's CPU seconds),
+    from ``/proc/stat``; None where it cannot be read."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait (steal counts)
+    own = os.times()
+    return time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), own.user + own.system
+
+
+def _others_share(before: tuple[float, float, float] | None,
+                  after: tuple[float, float, float] | None) -> float:
+    """The share of the host's CPU time that other processes (or the hypervisor)
+    took between ``before`` and ``after``: 0 on a quiet host."""
+    if before is None or after is None or after[0] - before[0] < 0.05:
+        return 0.0
+    others = (after[1] - before[1]) - (after[2] - before[2])
+    return max(0.0, others / ((after[0] - before[0]) * (os.cpu_count() or 1)))
 
 
 def _spread(ts: Sequence[float]) -> float:
@@ -171,6 +201,8 @@ def decide(results: Mapping[str, Result], ranked: Sequence[str], default: str) -
     mine = results.get(default, {})
     if best == default:
         return default, "agrees"
+    if max((r.get("others_busy", 0.0) for r in results.values()), default=0.0) > BUSY:
+        return default, "noisy"
     if "median_s" not in mine or mine.get("eliminated"):
         return best, "faster"
     spreads = (results[best].get("spread", 0.0), mine.get("spread", 0.0))
