@@ -115,6 +115,7 @@ def test_cache_export_clear_import(capsys, tmp_path, monkeypatch):
     from convengine.tune import bench
 
     monkeypatch.setattr(bench, "QUIET", float("inf"))  # store whatever this host measures
+    monkeypatch.setattr(bench, "BUSY", float("inf"))
     run_json(capsys, "tune", "--suite", "conv1d", "--layers", "conformer.pw2", "--pass", "fwd")
     path = tmp_path / "tuning.json"
     assert run(capsys, "cache", "export", str(path))[1].startswith("exported 1 entries")
@@ -161,6 +162,7 @@ def test_tune_recheck_measures_stored_choices_again(capsys, monkeypatch):
     from convengine.tune import bench
 
     monkeypatch.setattr(bench, "QUIET", float("inf"))  # store whatever this host measures
+    monkeypatch.setattr(bench, "BUSY", float("inf"))
     args = ("tune", "--suite", "conv1d", "--layers", "conformer.pw2", "--pass", "fwd")
     first = run_json(capsys, *args)["entries"][0]
     assert first["source"] == "tuned" and first["why"] in ("agrees", "faster", "margin")

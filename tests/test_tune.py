@@ -27,6 +27,7 @@ def tuning(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVENGINE_CACHE_DIR", str(tmp_path / "cache"))
     # store whatever the host measures: these tests are about the cache, not the host
     monkeypatch.setattr(bench, "QUIET", float("inf"))
+    monkeypatch.setattr(bench, "BUSY", float("inf"))
     for pass_, table in fast_registry().items():
         monkeypatch.setitem(registry._REGISTRY, pass_, table)
     previous = ce.set_tuning("on")
@@ -509,6 +510,7 @@ def _timed(median_s: float, spread: float = 0.05, **extra) -> dict:
 ])
 def test_decide_keeps_the_heuristic_unless_clearly_beaten(results, expected, monkeypatch):
     monkeypatch.setattr(bench, "QUIET", 0.25)
+    monkeypatch.setattr(bench, "BUSY", 0.15)
     ranked = bench.rank(results, {"a": 0, "b": 0})
     assert bench.decide(results, ranked, "b" if expected != ("a", "agrees") else "a") == expected
 
