@@ -1,6 +1,6 @@
-"""torchvision's ResNet-50 and MobileNetV2 architectures, written out (the torchvision
-wheel does not load with the CPU torch here), with a width factor for small test
-models, and their ONNX export (both exporters) and ``quantize_static`` versions.
+"""ResNet-50 and MobileNetV2 (:mod:`convengine.models`, torchvision's architectures
+with a width factor for small test models), a net of the other operators exporters
+emit, and their ONNX export (both exporters) and ``quantize_static`` versions.
 Needs the ``torch`` and ``onnx`` extras (onnxruntime for quantization)."""
 
 from __future__ import annotations
@@ -12,115 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-
-def _make_divisible(v: float, divisor: int = 8) -> int:
-    new = max(divisor, int(v + divisor / 2) // divisor * divisor)
-    return new + divisor if new < 0.9 * v else new
-
-
-class Bottleneck(nn.Module):
-    expansion = 4
-
-    def __init__(self, inplanes: int, planes: int, stride: int = 1,
-                 downsample: nn.Module | None = None) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
-        self.bn3 = nn.BatchNorm2d(planes * 4)
-        self.relu = nn.ReLU(inplace=True)
-        self.downsample = downsample
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        identity = x if self.downsample is None else self.downsample(x)
-        return self.relu(out + identity)
-
-
-class ResNet50(nn.Module):
-    """torchvision.models.resnet50; ``width`` scales every channel count (1.0: the
-    original)."""
-
-    def __init__(self, width: float = 1.0, num_classes: int = 1000) -> None:
-        super().__init__()
-        base = max(int(64 * width), 4)
-        self.inplanes = base
-        self.conv1 = nn.Conv2d(3, base, 7, 2, 3, bias=False)
-        self.bn1 = nn.BatchNorm2d(base)
-        self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(3, 2, 1)
-        self.layer1 = self._layer(base, 3, 1)
-        self.layer2 = self._layer(base * 2, 4, 2)
-        self.layer3 = self._layer(base * 4, 6, 2)
-        self.layer4 = self._layer(base * 8, 3, 2)
-        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = nn.Linear(base * 8 * 4, num_classes)
-
-    def _layer(self, planes: int, blocks: int, stride: int) -> nn.Sequential:
-        down = None
-        if stride != 1 or self.inplanes != planes * 4:
-            down = nn.Sequential(nn.Conv2d(self.inplanes, planes * 4, 1, stride, bias=False),
-                                 nn.BatchNorm2d(planes * 4))
-        layers = [Bottleneck(self.inplanes, planes, stride, down)]
-        self.inplanes = planes * 4
-        layers += [Bottleneck(self.inplanes, planes) for _ in range(1, blocks)]
-        return nn.Sequential(*layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
-def _conv_bn_relu6(inp: int, oup: int, kernel: int = 3, stride: int = 1,
-                   groups: int = 1) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(inp, oup, kernel, stride, (kernel - 1) // 2, groups=groups,
-                                   bias=False),
-                         nn.BatchNorm2d(oup), nn.ReLU6(inplace=True))
-
-
-class InvertedResidual(nn.Module):
-    def __init__(self, inp: int, oup: int, stride: int, expand: int) -> None:
-        super().__init__()
-        hidden = int(round(inp * expand))
-        self.use_res = stride == 1 and inp == oup
-        layers: list[nn.Module] = []
-        if expand != 1:
-            layers.append(_conv_bn_relu6(inp, hidden, 1))
-        layers += [_conv_bn_relu6(hidden, hidden, 3, stride, hidden),
-                   nn.Conv2d(hidden, oup, 1, bias=False), nn.BatchNorm2d(oup)]
-        self.conv = nn.Sequential(*layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.conv(x) if self.use_res else self.conv(x)
-
-
-class MobileNetV2(nn.Module):
-    """torchvision.models.mobilenet_v2 with ``width_mult``."""
-
-    def __init__(self, width_mult: float = 1.0, num_classes: int = 1000) -> None:
-        super().__init__()
-        settings = [[1, 16, 1, 1], [6, 24, 2, 2], [6, 32, 3, 2], [6, 64, 4, 2],
-                    [6, 96, 3, 1], [6, 160, 3, 2], [6, 320, 1, 1]]
-        inp = _make_divisible(32 * width_mult)
-        last = _make_divisible(1280 * max(1.0, width_mult))
-        features: list[nn.Module] = [_conv_bn_relu6(3, inp, stride=2)]
-        for t, c, n, s in settings:
-            out = _make_divisible(c * width_mult)
-            for i in range(n):
-                features.append(InvertedResidual(inp, out, s if i == 0 else 1, t))
-                inp = out
-        features.append(_conv_bn_relu6(inp, last, 1))
-        self.features = nn.Sequential(*features)
-        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(last, num_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = nn.functional.adaptive_avg_pool2d(self.features(x), (1, 1))
-        return self.classifier(torch.flatten(x, 1))
+from convengine import models
 
 
 class OpZoo(nn.Module):
@@ -212,6 +104,6 @@ def quantize(model_bytes: bytes, shape: tuple[int, ...], *, qdq: bool, per_chann
 
 
 MODELS: dict[str, Callable[[float], nn.Module]] = {
-    "resnet50": lambda width: ResNet50(width),
-    "mobilenet_v2": lambda width: MobileNetV2(width),
+    "resnet50": lambda width: models.resnet50(width=width),
+    "mobilenet_v2": lambda width: models.mobilenet_v2(width=width),
 }
