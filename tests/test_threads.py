@@ -244,3 +244,42 @@ def test_spin_setting(value, expected) -> None:
         env={**os.environ, "CONVENGINE_OMP_SPIN": value})
     assert expected in done.stderr
     assert (done.returncode == 0) == value.isdigit()
+
+
+def test_kernels_share_pytorchs_openmp_threads() -> None:
+    """Where PyTorch is present, convengine's kernels run on PyTorch's own OpenMP
+    threads: the worker that did PyTorch's parallel work does convengine's too."""
+    pytest.importorskip("torch")
+    done = _run("""
+        import os, threading
+        import numpy as np
+        import torch
+        import convengine as ce
+        torch.set_num_threads(2)
+        ce.set_num_threads(2)
+        main = threading.get_native_id()
+
+        def cpu_ns():
+            out = {}
+            for tid in os.listdir("/proc/self/task"):
+                with open(f"/proc/self/task/{tid}/schedstat") as fh:
+                    out[int(tid)] = int(fh.read().split()[0])
+            return out
+
+        def workers(fn):
+            # the threads besides this one that worked 20 ms or more in fn()
+            fn()  # warm-up
+            before = cpu_ns()
+            fn()
+            after = cpu_ns()
+            return {t for t in after if t != main and after[t] - before.get(t, 0) > 20e6}
+
+        a = torch.randn(1000, 1000)
+        x = np.random.rand(8, 64, 64, 64).astype(np.float32)
+        w = np.random.rand(64, 64, 3, 3).astype(np.float32)
+        ce.conv(x, w, padding=1, algo="direct")
+        theirs = workers(lambda: [torch.mm(a, a) for _ in range(20)])
+        ours = workers(lambda: [ce.conv(x, w, padding=1, algo="direct") for _ in range(5)])
+        assert theirs and ours and ours <= theirs, (theirs, ours)
+    """)
+    assert done.returncode == 0, done.stdout + done.stderr
