@@ -111,8 +111,6 @@ class _ConvFn(torch.autograd.Function):
     ) -> torch.Tensor:
         layout = _layout(x)
         xv, wv = _view(x, layout, "input"), _view(w, layout, "weight")
-        problem = api.forward_problem(xv, wv, bias, layout=layout, **_geom(conf))
-        conf = {**conf, "padding": _pairs(problem.padding)}
         bv = None if bias is None else to_numpy(bias, "bias")
         y = api.conv(xv, wv, bv, layout=layout, algo=conf["algo"], **_geom(conf))
         ctx.save_for_backward(x, w)
@@ -123,7 +121,12 @@ class _ConvFn(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
         x, w = ctx.saved_tensors
-        conf, layout = ctx.conf, ctx.layout
+        layout = ctx.layout
+        # the padding as (lo, hi) pairs ("same" resolved against the forward input),
+        # worked out here rather than on every forward call (inference never needs it)
+        problem = api.forward_problem(_view(x, layout, "input"), _view(w, layout, "weight"),
+                                      None, layout=layout, **_geom(ctx.conf))
+        conf = {**ctx.conf, "padding": _pairs(problem.padding)}
         geom, algo = _geom(conf), conf["algo"]
         dyv = _view(dy, layout, "grad_output")
         dx = dw = db = None
