@@ -166,8 +166,9 @@ def test_python_threads_call_at_once() -> None:
 
 
 def test_numba_pool_waits_passively_and_env_is_restored() -> None:
-    """numba's OpenMP runtime was loaded with OMP_WAIT_POLICY=PASSIVE, the variable
-    did not stay in the environment, and PyTorch (if present) keeps its own libgomp."""
+    """The system libgomp numba loads was loaded with OMP_WAIT_POLICY=PASSIVE (it runs
+    convengine's kernels where PyTorch is absent), the variable did not stay in the
+    environment, and PyTorch (if present) has its own libgomp loaded too."""
     done = _run("""
         import ctypes, os
         import numpy as np

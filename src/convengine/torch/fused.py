@@ -80,19 +80,19 @@ class FusedConv2d(nn.Module):
         wv = to_numpy(self.weight, "weight").transpose(0, 2, 3, 1)
         y = api.conv(xv, wv, stride=self.stride, padding=self.padding,
                      dilation=self.dilation, groups=self.groups, layout="NHWC")
-        bias = to_numpy(self.bias, "bias")
+        bias, rows = to_numpy(self.bias, "bias"), y.reshape(-1, y.shape[-1])  # a view
+        out = from_numpy(y).permute(0, 3, 1, 2)
         if residual is None:
-            fused_epilogue.apply(y.reshape(-1, y.shape[-1]), bias, None, self.activation)
-            return from_numpy(y).permute(0, 3, 1, 2)
+            fused_epilogue.apply(rows, bias, None, self.activation)
+            return out
         rv = to_numpy(residual, "residual").transpose(0, 2, 3, 1)
         if rv.shape == y.shape and rv.dtype == np.float32:
-            fused_epilogue.apply(y.reshape(-1, y.shape[-1]), bias,
-                                 rv.reshape(-1, y.shape[-1]), self.activation)
-            return from_numpy(y).permute(0, 3, 1, 2)
+            fused_epilogue.apply(rows, bias, rv.reshape(rows.shape), self.activation)
+            return out
         # broadcasting or type promotion (the trace knew no shapes): PyTorch's own add
         # and activation after the conv, so that the model's semantics stay
-        fused_epilogue.apply(y.reshape(-1, y.shape[-1]), bias, None, "none")
-        return _TORCH_ACTS[self.activation](from_numpy(y).permute(0, 3, 1, 2) + residual)
+        fused_epilogue.apply(rows, bias, None, "none")
+        return _TORCH_ACTS[self.activation](out + residual)
 
     def extra_repr(self) -> str:
         o, c, kh, kw = self.weight.shape
