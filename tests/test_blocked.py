@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import convengine as ce
-from convengine.algorithms import blocked
+from convengine.algorithms import blocked, blocked_weight
 from oracle import assert_close, random, reference
 
 # (id, x shape NHWC, w shape OHWI, conv args): stems, widths that are not a multiple
@@ -120,3 +120,63 @@ def test_packed_weights_are_reused_and_never_stale():
                          f"blocked step {step}")
         w += np.float32(0.25)  # in place, as an optimizer step
     assert blocked.PACKED.misses == 3 and blocked.PACKED.hits == 3
+
+
+# backward-weight: input channels (the last dim of x) a multiple of 16; output channels
+# that are not a multiple of the 6-channel register block; strides, dilations,
+# asymmetric padding and 1-D; every NR width (16, 32, 64)
+BWD_WEIGHT_CASES = [
+    ("3x3-pad1", (2, 9, 11, 64), (48, 3, 3, 64), dict(padding=1)),
+    ("o20-stride2", (1, 7, 8, 32), (20, 3, 3, 32), dict(stride=2, padding=1)),
+    ("asym-pad-dilation-c48", (2, 10, 9, 48), (7, 3, 2, 48),
+     dict(stride=(1, 2), padding=((2, 0), (0, 1)), dilation=(2, 1))),
+    ("1x1-c16", (3, 5, 5, 16), (16, 1, 1, 16), {}),
+    ("1d", (2, 37, 16), (64, 5, 16), dict(stride=2, padding=2)),
+]
+
+
+@pytest.mark.parametrize("chunk_bytes", [blocked_weight.CHUNK_BYTES, 1, 9000],
+                         ids=["chunk-default", "chunk-one-row", "chunk-few-rows"])
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), [c[1:] for c in BWD_WEIGHT_CASES],
+                         ids=[c[0] for c in BWD_WEIGHT_CASES])
+def test_backward_weight_matches_reference(x_shape, w_shape, kw, chunk_bytes, monkeypatch):
+    """Against float64, with the pixels in one chunk, in chunks of one output row, and
+    in chunks of several rows or several images."""
+    monkeypatch.setattr(blocked_weight, "CHUNK_BYTES", chunk_bytes)
+    rng = np.random.default_rng(5)
+    x, w = random(rng, x_shape, "float32"), random(rng, w_shape, "float32")
+    dy = ce.conv(x, w, layout="NHWC", **kw)
+    got = ce.conv_backward_weight(x, dy, w.shape, layout="NHWC", algo="blocked", **kw)
+    expected = reference("backward_weight", x, dy, w.shape, layout="NHWC", **kw)
+    assert got.shape == w.shape
+    assert_close(got, expected, "float32", "blocked backward-weight")
+
+
+def test_backward_weight_matches_torch_on_a_resnet_layer():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 64, 28, 28), dtype=np.float32)
+    dy = rng.standard_normal((2, 64, 14, 14), dtype=np.float32)
+    got = ce.conv_backward_weight(x, dy, (64, 64, 3, 3), stride=2, padding=1, algo="blocked")
+    ref = torch.ops.aten.convolution_backward(
+        torch.from_numpy(dy), torch.from_numpy(x), torch.zeros(64, 64, 3, 3), None, (2, 2),
+        (1, 1), (1, 1), False, (0, 0), 1, (False, False, True))[1].numpy()
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5 * float(np.abs(ref).max()))
+
+
+def test_backward_weight_of_an_empty_batch_is_zero():
+    x = np.ones((0, 6, 6, 16), np.float32)
+    dy = np.ones((0, 6, 6, 32), np.float32)
+    got = ce.conv_backward_weight(x, dy, (32, 3, 3, 16), padding=1, layout="NHWC",
+                                  algo="blocked")
+    np.testing.assert_array_equal(got, np.zeros((32, 3, 3, 16), np.float32))
+
+
+def test_backward_weight_refuses_odd_input_channels_and_groups():
+    dy = np.ones((1, 32, 6, 6), np.float32)
+    why = ce.explain(np.ones((1, 8, 6, 6), np.float32), dy, (32, 8, 3, 3), padding=1,
+                     pass_="backward_weight").refused["blocked"]
+    assert "input channels must be a multiple of 16" in why
+    why = ce.explain(np.ones((1, 32, 6, 6), np.float32), dy, (32, 16, 3, 3), padding=1,
+                     groups=2, pass_="backward_weight").refused["blocked"]
+    assert "groups=2" in why

@@ -2,6 +2,7 @@
 
 from . import (  # noqa: F401
     blocked,
+    blocked_weight,
     direct,
     flat_gemm,
     im2col,

@@ -1,0 +1,195 @@
+"""``blocked`` backward-weight: the weight gradient by a register-blocked AVX-512 kernel.
+
+``dw[o, a, b, c] = sum_{n, i, j} dy[n, i, j, o] * xp[n, i*sh + a*dh, j*sw + b*dw, c]``
+with ``xp`` the zero-padded input (channels-last) and ``dy`` as given (channels-last):
+no column matrix, no packing. A micro-kernel holds ``MR`` output channels x
+``16 * nvec`` input channels of one kernel tap in zmm registers and walks the
+reduction over pixels, broadcasting ``MR`` adjacent values of ``dy`` and loading
+``nvec`` vectors of ``xp`` per pixel (the forward micro-kernel of ``blocked`` with
+the roles of the operands exchanged).
+
+The pixels are taken in chunks small enough for a core's L2 (``CHUNK_BYTES`` of
+``x`` and ``dy``); the (tap, output-channel block, input-channel
+block) tasks are shared out among the threads once, and each thread runs all its
+tasks on a chunk before the next, adding the chunk's sum to its blocks of ``dw``.
+The sum over pixels therefore runs in chunk order, in float32, one rounding per fused
+multiply-add.
+
+Serves float32, dense (groups 1), 1-D and 2-D, input channels a multiple of 16.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .._kernel_cache import Source, load
+from ..problem import ConvProblem
+from ..registry import register
+from ..threads import get_num_threads
+from ._common import too_large
+from ._fma import row_pointers, splat, store_rows
+from .blocked import _as2d, padded_input
+
+MR = 6  # output channels per register block
+VEC = 16  # float32 lanes of a zmm register
+CHUNK_BYTES = 384 * 2**10  # x and dy bytes per chunk of pixels (a core's L2 holds it)
+_F32 = ir.FloatType()
+_VF = ir.VectorType(_F32, VEC)
+
+
+def _make_ukernel(nvec: int) -> Any:
+    """Micro-kernel of ``MR`` output channels x ``16 * nvec`` input channels:
+
+    ``ukernel(d, d_off, dn, dh, dw, nn, nh, nw, x, x_off, xn, xh, xw, mr, y, y_off, ys,
+    add)`` sets, for ``r < mr`` and lanes ``j < 16 * nvec``,
+    ``y[y_off + r * ys + j] = (y[...] if add else 0) + sum_{n<nn, h<nh, w<nw}
+    d[d_off + n*dn + h*dh + w*dw + r] * x[x_off + n*xn + h*xh + w*xw + j]``.
+    Rows ``r >= mr`` recompute row ``mr - 1`` and are not stored.
+    """
+
+    def ukernel(typingctx, d, d_off, dn, dh, dw, nn, nh, nw, x, x_off, xn, xh, xw, mr, y,
+                y_off, ys, add):
+        i = types.intp
+        sig = types.void(d, i, i, i, i, i, i, i, x, i, i, i, i, i, y, i, i, i)
+
+        def codegen(context, builder, signature, args):
+            d_arr = context.make_array(signature.args[0])(context, builder, args[0])
+            x_arr = context.make_array(signature.args[8])(context, builder, args[8])
+            y_arr = context.make_array(signature.args[14])(context, builder, args[14])
+            (_, d_off, dn, dh, dw, nn, nh, nw, _, x_off, xn, xh, xw, mr, _, y_off, ys,
+             add) = args
+            intp = d_off.type
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]), "llvm.fma.v16f32")
+            one = ir.Constant(intp, 1)
+            rows = row_pointers(builder, builder.gep(d_arr.data, [d_off]), MR, mr, one)
+            x_base = builder.gep(x_arr.data, [x_off])
+            accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VF, None))
+                     for _ in range(nvec)] for _ in range(MR)]
+            with cgutils.for_range(builder, nn) as n_loop:
+                d_n = builder.mul(n_loop.index, dn)
+                x_n = builder.mul(n_loop.index, xn)
+                with cgutils.for_range(builder, nh) as h_loop:
+                    d_nh = builder.add(d_n, builder.mul(h_loop.index, dh))
+                    x_nh = builder.add(x_n, builder.mul(h_loop.index, xh))
+                    with cgutils.for_range(builder, nw) as w_loop:
+                        d_at = builder.add(d_nh, builder.mul(w_loop.index, dw))
+                        x_at = builder.gep(x_base, [builder.add(x_nh, builder.mul(w_loop.index, xw))])
+                        xv = [builder.load(builder.bitcast(
+                            builder.gep(x_at, [ir.Constant(intp, VEC * j)]), _VF.as_pointer()),
+                            align=4) for j in range(nvec)]
+                        for r in range(MR):
+                            dv = splat(builder, builder.load(builder.gep(rows[r], [d_at])), _VF)
+                            for j in range(nvec):
+                                acc = accs[r][j]
+                                builder.store(builder.call(fma, [dv, xv[j], builder.load(acc)]), acc)
+            adding = builder.icmp_signed("!=", add, ir.Constant(intp, 0))
+            store_rows(builder, accs, builder.gep(y_arr.data, [y_off]), mr, ys, 4, adding)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    ukernel.__name__ = f"ukernel_wgrad_{MR}x{VEC * nvec}"
+    return intrinsic(ukernel)
+
+
+@cache
+def _driver(nvec: int) -> Any:
+    """The compiled weight gradient for ``NR = 16 * nvec`` input channels per block:
+    ``run(xp (N,Hp,Wp,C), dy (N,OH,OW,O), dw (O,KH,KW,C), sh, sw, dh, dw, imgs, rows,
+    workers)``: each of ``workers`` threads takes an equal share of the (tap, output
+    block, input block) tasks and walks the pixels in chunks of ``imgs`` images x
+    ``rows`` output rows, all its tasks per chunk (one parallel region per call)."""
+    nr = VEC * nvec
+    src = Source(__name__, f"blocked_wgrad_nr{nr}")
+    src.expr("ukernel", f"_make_ukernel({nvec})")
+    ukernel = None  # bound in the kernel module
+
+    def run(xp, dy, dwt, sh, sw, dh, dw, imgs, rows, workers):  # noqa: PLR0913
+        n_, hp, wpx, c_ = xp.shape
+        _, oh_, ow_, o_ = dy.shape
+        _, kh_, kw_, _ = dwt.shape
+        xf, df, yf = xp.reshape(-1), dy.reshape(-1), dwt.reshape(-1)
+        cblocks, oblocks = c_ // nr, (o_ + MR - 1) // MR
+        tasks = kh_ * kw_ * oblocks * cblocks
+        for worker in prange(workers):
+            first, stop = worker * tasks // workers, (worker + 1) * tasks // workers
+            for n0 in range(0, n_, imgs):
+                nn = min(imgs, n_ - n0)
+                for h0 in range(0, oh_, rows):
+                    nh = min(rows, oh_ - h0)
+                    add = 0 if n0 == 0 and h0 == 0 else 1
+                    for t in range(first, stop):
+                        tap, rest = t // (oblocks * cblocks), t % (oblocks * cblocks)
+                        a, b = tap // kw_, tap % kw_
+                        o0, c0 = (rest // cblocks) * MR, (rest % cblocks) * nr
+                        d_off = (n0 * oh_ + h0) * ow_ * o_ + o0
+                        x_off = ((n0 * hp + h0 * sh + a * dh) * wpx + b * dw) * c_ + c0
+                        y_off = ((o0 * kh_ + a) * kw_ + b) * c_ + c0
+                        ukernel(df, d_off, oh_ * ow_ * o_, ow_ * o_, o_, nn, nh, ow_,
+                                xf, x_off, hp * wpx * c_, sh * wpx * c_, sw * c_,
+                                min(MR, o_ - o0), yf, y_off, kh_ * kw_ * c_, add)
+
+    src.function(run, parallel=True, nogil=True)
+    return load(src).run
+
+
+def _nvec(in_channels: int) -> int:
+    """Vectors per block: 4 (64 channels) when C allows it, else 2 or 1."""
+    return next(v for v in (4, 2, 1) if in_channels % (VEC * v) == 0)
+
+
+def _chunk(problem: ConvProblem) -> tuple[int, int]:
+    """(images, output rows) per chunk: whole images while they fit ``CHUNK_BYTES``,
+    else rows of one image."""
+    oh, ow = (1,) * (2 - problem.ndim) + problem.out_size
+    row_bytes = 4 * ow * (problem.in_channels + problem.out_channels)
+    rows = max(1, CHUNK_BYTES // row_bytes)
+    if rows < oh:
+        return 1, rows
+    return max(1, rows // oh), oh
+
+
+def _supports(problem: ConvProblem) -> str | None:
+    if problem.compute_dtype != np.float32:
+        return f"float32 only (compute dtype {problem.compute_dtype})"
+    if problem.groups != 1:
+        return f"dense convs only (groups={problem.groups})"
+    if problem.ndim > 2:
+        return f"1-D and 2-D only (got {problem.ndim}-D)"
+    if problem.in_channels % VEC:
+        return f"input channels must be a multiple of {VEC} (got {problem.in_channels})"
+    return too_large(problem, _workspace(problem), "the padded copy of x")
+
+
+def _workspace(problem: ConvProblem) -> int:
+    """The padded copy of x (none when unpadded)."""
+    if all(p == (0, 0) for p in problem.padding):
+        return 0
+    sizes = [n + lo + hi for n, (lo, hi) in zip(problem.in_size, problem.padding)]
+    return 4 * problem.batch * math.prod(sizes) * problem.in_channels
+
+
+@register("blocked", "backward_weight", supports=_supports, workspace_bytes=_workspace,
+          accuracy=2, numpy_math=False)
+def blocked_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    dw = np.empty(problem.w_shape("NHWC"), np.float32)
+    if problem.batch == 0 or 0 in problem.out_size:
+        dw[...] = 0
+        return dw
+    lead = 2 - problem.ndim
+    sh, sw = (1,) * lead + problem.stride
+    dh, dwl = (1,) * lead + problem.dilation
+    imgs, rows = _chunk(problem)
+    _driver(_nvec(problem.in_channels))(
+        padded_input(x, problem), _as2d(np.ascontiguousarray(dy), problem.ndim),
+        _as2d(dw, problem.ndim), sh, sw, dh, dwl, imgs, rows, get_num_threads())
+    return dw
