@@ -117,7 +117,7 @@ def conv_args(attrs: Mapping[str, Any], w_shape: tuple[int, ...]) -> dict[str, A
     }
 
 
-def _check_rank(x: Array, w_shape: tuple[int, ...]) -> None:
+def check_rank(x: Array, w_shape: tuple[int, ...]) -> None:
     if x.ndim != len(w_shape):
         raise ConvSetupError(f"input X has shape {x.shape}; expected {len(w_shape)} dims "
                              f"(N, C, spatial) to match the weight's shape {tuple(w_shape)}")
@@ -141,13 +141,13 @@ def operands(inputs: Sequence[Array | None], op: str, required: int, total: int
 def conv_last(x: Array, w_last: Array, b: Array | None, args: Mapping[str, Any]) -> Array:
     """Conv of NCHW-shaped ``x`` with a channels-last weight ``(O, *K, C/g)``; returns
     an NCHW view of the channels-last result (no copy when ``x`` is channels-last)."""
-    _check_rank(x, (0, 0, *w_last.shape[1:-1]))
+    check_rank(x, (0, 0, *w_last.shape[1:-1]))
     return to_first(api.conv(to_last(x), w_last, b, layout="NHWC", **args))
 
 
 def _conv(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
     x, w, b = operands(inputs, "Conv", 2, 3)
-    _check_rank(x, w.shape)
+    check_rank(x, w.shape)
     return [conv_last(x, np.moveaxis(w, 1, -1), b, conv_args(attrs, w.shape))]
 
 
@@ -156,7 +156,7 @@ def _conv_transpose(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) ->
     ``out[j] = full[j + begin]`` of the full transposed output (zero outside it); the
     engine computes the part of the window that overlaps ``full``."""
     x, w, b = operands(inputs, "ConvTranspose", 2, 3)
-    _check_rank(x, w.shape)
+    check_rank(x, w.shape)
     ndim = x.ndim - 2
     kernel = tuple(w.shape[2:])
     _check_kernel_shape(attrs, kernel)

@@ -25,6 +25,7 @@ from onnx import numpy_helper
 
 from ..errors import ConvSetupError
 from ..threads import get_num_threads, set_num_threads
+from .convstep import ConvStep
 from .ops import (
     OPS,
     OPSET_DEPENDENT,
@@ -32,10 +33,8 @@ from .ops import (
     Array,
     Op,
     attributes,
+    check_rank,
     conv_args,
-    conv_last,
-    hard_sigmoid,
-    sigmoid,
 )
 from .qops import MICROSOFT_OPS, QOPS, qlinear_conv_last
 
@@ -135,36 +134,6 @@ def _epilogue_step(node: _Node, consts: Mapping[str, Array]) -> tuple[str, Any] 
     if op == "HardSigmoid":
         return ("hardsigmoid", (float(a.get("alpha", 0.2)), float(a.get("beta", 0.5))))
     return None
-
-
-def _apply(y: Array, steps: Sequence[tuple[str, Any]], extra: Sequence[Array]) -> Array:
-    """Run the fused epilogue on the conv output ``y`` (in place where shapes allow)."""
-    for kind, arg in steps:
-        if kind == "add":
-            r = extra[arg]
-            if np.broadcast_shapes(y.shape, r.shape) == y.shape and r.dtype == y.dtype:
-                np.add(y, r, out=y)
-            else:
-                y = y + r
-        elif kind == "relu":
-            np.maximum(y, 0, out=y)
-        elif kind == "clip":
-            lo, hi = arg
-            if lo is not None:
-                np.maximum(y, y.dtype.type(lo), out=y)
-            if hi is not None:
-                np.minimum(y, y.dtype.type(hi), out=y)
-        elif kind == "leaky":
-            np.multiply(y, y.dtype.type(arg), out=y, where=y < 0)
-        elif kind == "sigmoid":
-            y[...] = sigmoid(y)
-        elif kind == "silu":
-            y *= sigmoid(y)
-        elif kind == "hardswish":
-            y *= hard_sigmoid(y, 1 / 6, 0.5)
-        elif kind == "hardsigmoid":
-            y[...] = hard_sigmoid(y, *arg)
-    return y
 
 
 # ------------------------------------------------------------------ the session
@@ -565,19 +534,18 @@ class Session:
         c = self._consts
         if node.op_type == "Conv" and node.inputs[1] in c:
             w = c[node.inputs[1]]
-            args = conv_args(node.attrs, w.shape)
-            w_last = np.ascontiguousarray(np.moveaxis(w, 1, -1))
             b_name = node.inputs[2] if len(node.inputs) > 2 else ""
             if b_name and b_name not in c:
                 raise ConvSetupError(f"node {node.name!r} (Conv): bias {b_name!r} must be "
                                      f"an initializer when W is one")
-            b = np.ascontiguousarray(c[b_name]) if b_name else None
-            steps = node.attrs.get("_epilogue", [])
+            step = ConvStep(w, c[b_name] if b_name else None, conv_args(node.attrs, w.shape),
+                            node.attrs.get("_epilogue", []))
             node.inputs[1:3] = ["", ""]  # held, laid out, by the step
 
             def run_conv(xs: list[Any]) -> list[Array]:
-                y = conv_last(np.asarray(xs[0]), w_last, b, args)
-                return [_apply(y, steps, xs[3:]) if steps else y]
+                x = np.asarray(xs[0])
+                check_rank(x, w.shape)
+                return [step(x, xs[3:])]
             return run_conv
         if node.op_type == "QLinearConv" and node.inputs[3] in c:
             w = c[node.inputs[3]]
