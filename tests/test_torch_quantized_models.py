@@ -111,3 +111,36 @@ def test_replace_quantized_convs_errors():
         cet.replace_quantized_convs("model")
     with pytest.raises(TypeError, match="algo"):
         cet.replace_quantized_convs(nn.Sequential(), algo=3)
+
+
+def test_bound_kernel_follows_changes_and_copies(monkeypatch):
+    """QConv2d keeps its kernel bound between calls: weights or bias changed in place
+    through PyTorch, new tensors, another input quantization and copies all give what a
+    freshly built module gives."""
+    import pickle
+
+    monkeypatch.setattr(torch.backends.quantized, "engine", "fbgemm")
+    q = _fx_quantized(_randomize_bn(Block()), (1, 8, 6, 6), "fbgemm")
+    conv = cet.replace_quantized_convs(q).conv1
+    assert isinstance(conv, cet.QConv2d)
+
+    def fresh(x):
+        m = cet.QConv2d(conv.weight, conv.w_scale, conv.w_zero_point, conv.bias,
+                        stride=conv.stride, padding=conv.padding, groups=conv.groups,
+                        scale=conv.scale, zero_point=conv.zero_point, relu=conv.relu)
+        return m(x).int_repr()
+
+    x = torch.quantize_per_tensor(torch.rand(1, 8, 6, 6), 0.01, 3, torch.quint8)
+    x = x.contiguous(memory_format=CL)
+    first = conv(x).int_repr()
+    assert torch.equal(first, fresh(x))
+    with torch.no_grad():
+        conv.weight[0].neg_()
+    assert torch.equal(conv(x).int_repr(), fresh(x))
+    assert not torch.equal(conv(x).int_repr(), first)
+    conv.bias = conv.bias + 3
+    assert torch.equal(conv(x).int_repr(), fresh(x))
+    x2 = torch.quantize_per_tensor(torch.rand(1, 8, 6, 6), 0.02, 7, torch.quint8)
+    assert torch.equal(conv(x2.contiguous(memory_format=CL)).int_repr(), fresh(x2))
+    for clone in (copy.deepcopy(conv), pickle.loads(pickle.dumps(conv))):
+        assert torch.equal(clone(x).int_repr(), conv(x).int_repr())

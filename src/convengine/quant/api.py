@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,44 +283,61 @@ def _plan(x_shape: tuple[int, ...], x_dtype: np.dtype, w_shape: tuple[int, ...],
 
 def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
     """Run the plan's kernel on canonical x and the caller's w into y ``(M, O)``."""
+    bind(plan, w, x.dtype)(x, y)
+
+
+def bind(plan: Plan, w: np.ndarray,
+         x_dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray], None]:
+    """The plan's kernel with the packed form of the caller's ``w`` and every per-call
+    constant bound: ``launch(x, y)`` runs it on canonical x ``(N, D, H, W, C)`` of
+    ``x_dtype`` (uint8 or int8) into y ``(M, O)``. The weights are looked up (and
+    checked) here, once: a caller that keeps ``launch`` binds again when ``w`` changes."""
     problem, rq, path = plan.problem, plan.requant, plan.path
-    flip = 0x80 if x.dtype == np.int8 else 0
-    xu = x.view(np.uint8)
+    flip = 0x80 if x_dtype == np.int8 else 0
     xzp_u = plan.x_zero_point + flip
     bias_f = rq.bias if plan.mode == 0 else np.zeros(1, np.float32)
     bias_i = rq.bias if plan.mode != 0 else np.zeros(1, np.int32)
-    args = (plan.mode, rq.multiplier, bias_f, bias_i, rq.zero_point, rq.lo, rq.hi, y)
+    tail = (plan.mode, rq.multiplier, bias_f, bias_i, rq.zero_point, rq.lo, rq.hi)
     if path == "depthwise" and cpu.int8_path() != "portable":
         path = "depthwise_vnni"
     packed = packed_weights(w, lambda a: _canonical(a, problem), plan.w_zero_point,
                             problem.groups, path)
+    geo, groups = plan.geometry, problem.groups
     if path == "depthwise_vnni":
         assert packed.dw_term is not None
-        dw_args = (xu, flip, xzp_u, packed.data, packed.dw_term, packed.wzp, packed.dw_raw,
-                   plan.geometry)
-        threads = get_num_threads()
-        if threads == 1 or y.size * packed.kc < depthwise_kernels.SERIAL_MAX_MACS:
-            depthwise_kernels.conv_depthwise_vnni_serial(*dw_args, *args)
-        else:
-            depthwise_kernels.conv_depthwise_vnni(*dw_args, threads, *args)
-    elif path == "depthwise":
-        xs = xu ^ np.uint8(flip) if flip else xu
-        depthwise_kernels.conv_depthwise(xs, xzp_u, packed.data, plan.geometry, *args)
-    elif path == "portable":
-        kernels.conv_portable(xu, flip, xzp_u, packed.data, plan.geometry, problem.groups,
-                              *args)
-    elif path == "amx":
-        col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
-        prows = kernels.panel_rows(y.shape[0], packed.kc4 * 4, get_num_threads(), 32)
+        dw = (flip, xzp_u, packed.data, packed.dw_term, packed.wzp, packed.dw_raw, geo)
+
+        def launch_dw(x: np.ndarray, y: np.ndarray) -> None:
+            threads = get_num_threads()
+            if threads == 1 or y.size * packed.kc < depthwise_kernels.SERIAL_MAX_MACS:
+                depthwise_kernels.conv_depthwise_vnni_serial(x.view(np.uint8), *dw, *tail, y)
+            else:
+                depthwise_kernels.conv_depthwise_vnni(x.view(np.uint8), *dw, threads, *tail, y)
+        return launch_dw
+    if path == "depthwise":
+        def launch_dw_portable(x: np.ndarray, y: np.ndarray) -> None:
+            xs = x.view(np.uint8) ^ np.uint8(flip) if flip else x.view(np.uint8)
+            depthwise_kernels.conv_depthwise(xs, xzp_u, packed.data, geo, *tail, y)
+        return launch_dw_portable
+    if path == "portable":
+        def launch_portable(x: np.ndarray, y: np.ndarray) -> None:
+            kernels.conv_portable(x.view(np.uint8), flip, xzp_u, packed.data, geo, groups,
+                                  *tail, y)
+        return launch_portable
+    col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
+    dense = (flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term, geo, groups,
+             packed.kc, packed.kc4, packed.nb)
+    lda = packed.kc4 * 4
+    if path == "amx":
         direct = _in_place(problem, 64) and flip == 0
-        kernels.conv_amx(xu, flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term,
-                         plan.geometry, problem.groups, packed.kc, packed.kc4, packed.nb,
-                         direct, prows, _TILE_CONFIG, *args)
-    else:
-        col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
-        direct = _in_place(problem, 4) and flip == 0
-        prows = kernels.panel_rows(y.shape[0], packed.kc4 * 4, get_num_threads(),
-                                   kernels.VNNI_ROWS)
-        kernels.conv_vnni(xu, flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term,
-                          plan.geometry, problem.groups, packed.kc, packed.kc4, packed.nb,
-                          direct, prows, *args)
+
+        def launch_amx(x: np.ndarray, y: np.ndarray) -> None:
+            prows = kernels.panel_rows(y.shape[0], lda, get_num_threads(), 32)
+            kernels.conv_amx(x.view(np.uint8), *dense, direct, prows, _TILE_CONFIG, *tail, y)
+        return launch_amx
+    direct = _in_place(problem, 4) and flip == 0
+
+    def launch(x: np.ndarray, y: np.ndarray) -> None:
+        prows = kernels.panel_rows(y.shape[0], lda, get_num_threads(), kernels.VNNI_ROWS)
+        kernels.conv_vnni(x.view(np.uint8), *dense, direct, prows, *tail, y)
+    return launch

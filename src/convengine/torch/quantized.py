@@ -17,7 +17,8 @@ import torch  # absolute import: PyTorch, not this package
 from torch import nn
 
 from ..errors import ConvSetupError
-from ..quant.api import _cached_plan, _canonical, _run
+from ..quant import cpu
+from ..quant.api import _cached_plan, _canonical, bind
 
 __all__ = ["QConv2d", "replace_quantized_convs"]
 
@@ -90,6 +91,29 @@ class QConv2d(nn.Module):
             raise ConvSetupError(f"input must be a 4-D quint8 or qint8 tensor (N, C, H, W), "
                                  f"got {input.dtype} of shape {tuple(input.shape)}")
         x = _nhwc(input)
+        launch, shape = self._bound(x, input)
+        out = torch._empty_affine_quantized(
+            shape, scale=self.scale, zero_point=self.zero_point, dtype=input.dtype,
+            memory_format=torch.channels_last)
+        y = _nhwc(out).reshape(-1, shape[1])  # a view: results land in ``out``
+        if y.size:
+            launch(x, y)
+        return out
+
+    def _bound(self, x: np.ndarray, input: torch.Tensor) -> tuple[Any, tuple[int, ...]]:
+        """The kernel launcher for this input's shape and quantization (taking x as
+        :func:`_nhwc` gives it) and the output's NCHW shape. Bound once
+        (:func:`convengine.quant.api.bind`) and kept while the module's tensors are the
+        same objects at the same versions (PyTorch counts in-place changes) and its
+        other attributes are unchanged."""
+        tensors = (self.weight, self.w_scale, self.w_zero_point, self.bias)
+        key = (x.shape, x.dtype, input.q_scale(), input.q_zero_point(), cpu.int8_path(),
+               self.algo, self.scale, self.zero_point, self.relu, self.stride, self.padding,
+               self.dilation, self.groups, *(id(t) for t in tensors),
+               *(-1 if t is None else t._version for t in tensors))
+        bound = self.__dict__.get("_launcher")
+        if bound is not None and bound[0] == key:
+            return bound[2], bound[3]
         w = _nhwc(self.weight)
         bias = None if self.bias is None else self.bias.numpy()
         plan = _cached_plan((
@@ -97,14 +121,20 @@ class QConv2d(nn.Module):
             self.w_scale.numpy(), self.w_zero_point.numpy(), bias, self.scale,
             self.zero_point, x.dtype, self.relu, "float", self.stride, self.padding,
             self.dilation, self.groups, "NHWC", self.algo))
-        n, *size, o = plan.problem.y_shape("NHWC")
-        out = torch._empty_affine_quantized(
-            (n, o, *size), scale=self.scale, zero_point=self.zero_point,
-            dtype=input.dtype, memory_format=torch.channels_last)
-        y = _nhwc(out).reshape(-1, o)  # a view: results land in ``out``
-        if y.size:
-            _run(plan, _canonical(x, plan.problem), w, y)
-        return out
+        kernel, problem = bind(plan, w, x.dtype), plan.problem
+
+        def launch(xv: np.ndarray, y: np.ndarray) -> None:
+            kernel(_canonical(xv, problem), y)
+
+        n, *size, o = problem.y_shape("NHWC")
+        # the tensors are held, so that their ids stay theirs while the entry lives
+        self.__dict__["_launcher"] = (key, tensors, launch, (n, o, *size))
+        return launch, (n, o, *size)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_launcher", None)  # a closure: bound again after unpickling or copying
+        return state
 
     def extra_repr(self) -> str:
         return (f"{tuple(self.weight.shape)}, stride={self.stride}, padding={self.padding}, "
