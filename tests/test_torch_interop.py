@@ -228,6 +228,25 @@ def test_replace_convs_keeps_parameters_and_values():
     assert_close(net(x), before, 1e-5, 1e-5)
 
 
+def test_replace_convs_makes_weights_channels_last_with_the_same_values():
+    """2-D/3-D weights get channels-last memory (read in place by the kernels); their
+    values, the state_dict and loading it into an untouched model are unchanged."""
+    torch.manual_seed(0)
+    net = SmallNet()
+    original = copy.deepcopy(net.state_dict())
+    cet.replace_convs(net)
+    assert net.c1.weight.is_contiguous(memory_format=torch.channels_last)
+    assert net.c3.weight.is_contiguous(memory_format=torch.channels_last)
+    assert net.c5.weight.is_contiguous(memory_format=torch.channels_last_3d)
+    assert net.c4.weight.is_contiguous()  # 1-D: as it was
+    for key, value in net.state_dict().items():
+        assert torch.equal(value, original[key]), key
+    fresh = SmallNet()
+    fresh.load_state_dict(net.state_dict())
+    x = torch.randn(2, 3, 8, 8)
+    assert_close(fresh(x), net(x), 1e-5, 1e-5)
+
+
 def test_small_cnn_trains_like_pytorch():
     torch.manual_seed(0)
     ref = SmallNet()

@@ -356,7 +356,10 @@ def replace_convs(model: nn.Module, *, algo: str = "auto") -> nn.Module:
 
     The modules keep their identity, parameters (so optimizers stay valid), hooks and
     state_dict keys; only their class changes. Subclasses of ``nn.Conv*`` (quantized,
-    fused, user-defined) are left alone.
+    fused, user-defined) are left alone. The 2-D and 3-D weights are made
+    channels-last in memory (same values and shape, as ``model.to(memory_format=
+    torch.channels_last)`` would make them): the channels-last kernels then read them
+    in place, where an NCHW weight would be copied on every call.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -367,4 +370,14 @@ def replace_convs(model: nn.Module, *, algo: str = "auto") -> nn.Module:
         if twin is not None:
             module.__class__ = twin
             module.algo = algo  # type: ignore[assignment]
+            _weight_channels_last(module)
     return model
+
+
+def _weight_channels_last(module: nn.Module) -> None:
+    """Give a conv module's 4-D/5-D weight channels-last memory, in place."""
+    weight = getattr(module, "weight", None)
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+    if isinstance(weight, torch.Tensor) and weight.dim() in formats:
+        with torch.no_grad():
+            weight.data = weight.data.contiguous(memory_format=formats[weight.dim()])
