@@ -18,10 +18,13 @@ from onnx import numpy_helper
 from .. import api
 from ..errors import ConvSetupError
 from ..threads import single_threaded_blas
+from . import kernels
 
 Array = np.ndarray
 Op = Callable[[Sequence["Array | None"], Mapping[str, Any]], list[Array]]
 LATEST_OPSET = 21
+COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.uint8),
+                   np.dtype(np.int8))  # the dtypes the compiled pools take
 
 
 # ------------------------------------------------------------------ attributes, layout
@@ -321,6 +324,14 @@ def _max_pool(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[
     (x,) = operands(inputs, "MaxPool", 1, 1)
     if int(attrs.get("storage_order", 0)):
         raise NotImplementedError("MaxPool storage_order=1 (Indices) is not supported")
+    kernel, stride, dilation, out, pads = _pool_geometry(x, attrs)
+    if x.ndim == 4 and x.dtype in COMPILED_DTYPES and is_channels_last(x) and \
+            dilation == (1, 1) and all(
+            -lo + k - 1 >= 0 and (m - 1) * s - lo <= n - 1
+            for n, k, s, m, (lo, _) in zip(x.shape[2:], kernel, stride, out, pads, strict=True)):
+        y = kernels.max_pool_last(to_last(x), kernel, stride, dilation,
+                                  (pads[0][0], pads[1][0]), out)
+        return [to_first(y)]  # every window meets x: one compiled pass
     lowest = -np.inf if np.issubdtype(x.dtype, np.floating) else np.iinfo(x.dtype).min
     xl, out, taps = _windows(x, attrs, lowest)
     y = xl[(slice(None), *taps[0])].copy()

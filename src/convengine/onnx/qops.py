@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConvSetupError
+from . import kernels
 from .ops import Array, Op, conv_args, operands, to_first, to_last
 
 
@@ -47,6 +48,10 @@ def _quantize(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[
     if dtype.kind not in "iu":
         raise NotImplementedError(f"QuantizeLinear to {dtype} is not supported (integers only)")
     axis = int(attrs.get("axis", 1))
+    if x.ndim == 4 and x.dtype == np.float32 and x.flags.c_contiguous and scale.size == 1 \
+            and (zp is None or zp.size == 1) and dtype.itemsize == 1:
+        zero = 0 if zp is None else int(zp.reshape(()))
+        return [to_first(kernels.quantize_last(x, np.float32(scale.reshape(())), zero, dtype))]
     s = _along(scale, axis, x.ndim).astype(np.float32)
     z = 0 if zp is None else _along(zp, axis, x.ndim).astype(np.float32)
     return [saturate(x.astype(np.float32) / s, dtype, z)]
@@ -139,6 +144,13 @@ def _qlinear_add(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> li
     za = np.float32(0 if a_zp is None else a_zp)
     zb = np.float32(0 if b_zp is None else b_zp)
     fixed = np.float32(zp) - (ra * za + rb * zb)
+    if a.shape == b.shape and a.dtype.itemsize == b.dtype.itemsize == zp.dtype.itemsize == 1:
+        views = [(a, b)] + ([(to_last(a), to_last(b))] if a.ndim >= 3 else [])
+        for i, (am, bm) in enumerate(views):  # one compiled pass over alike memory
+            if am.flags.c_contiguous and bm.flags.c_contiguous:
+                y = kernels.qlinear_add(am.reshape(-1), bm.reshape(-1), ra, rb, fixed,
+                                        zp.dtype).reshape(am.shape)
+                return [to_first(y) if i else y]
     v = _fma32(a, ra, _fma32(b, rb, fixed))
     return [saturate(v, zp.dtype)]
 

@@ -36,7 +36,8 @@ from .ops import (
     check_rank,
     conv_args,
 )
-from .qops import MICROSOFT_OPS, QOPS, qlinear_conv_last
+from .qconvstep import QConvStep
+from .qops import MICROSOFT_OPS, QOPS
 
 DOMAINS: dict[str, dict[str, Op]] = {"": {**OPS, **QOPS}, "com.microsoft": MICROSOFT_OPS}
 
@@ -547,19 +548,21 @@ class Session:
                 check_rank(x, w.shape)
                 return [step(x, xs[3:])]
             return run_conv
-        if node.op_type == "QLinearConv" and node.inputs[3] in c:
+        if node.op_type == "QLinearConv" and all(
+                n in c for i, n in enumerate(node.inputs) if i != 0 and n):
             w = c[node.inputs[3]]
-            args = conv_args(node.attrs, w.shape)
-            w_last = np.ascontiguousarray(np.moveaxis(w, 1, -1))
-            relu = bool(node.attrs.get("_relu", False))
-            node.inputs[3] = ""  # held, laid out, by the step
+            params: list[Any] = [c[n] if n else None for n in node.inputs[1:]] + [None] * 8
+            xs, xzp, _, ws, wzp, ys, yzp, b = params[:8]
+            if xzp is None or yzp is None:
+                return self._generic(node)
+            qstep = QConvStep(w, xs, xzp, ws, wzp, ys, yzp, b, conv_args(node.attrs, w.shape),
+                              bool(node.attrs.get("_relu", False)))
+            node.inputs[1:] = [""] * (len(node.inputs) - 1)  # held by the step
 
             def run_qconv(xs: list[Any]) -> list[Array]:
-                x, xs_, xzp, _, ws, wzp, ys, yzp, *rest = xs + [None]
-                b = rest[0] if rest else None
-                y = qlinear_conv_last(np.asarray(x), xs_, xzp, w_last, ws, wzp, ys,
-                                      np.asarray(yzp), b, args)
-                return [np.maximum(y, yzp, out=y) if relu else y]
+                x = np.asarray(xs[0])
+                check_rank(x, w.shape)
+                return [qstep(x)]
             return run_qconv
         return self._generic(node)
 

@@ -1,0 +1,94 @@
+"""Compiled, parallel kernels for the session's non-conv steps on channels-last
+memory: one pass each instead of numpy's several (temporaries included).
+
+- :func:`quantize_last`: QuantizeLinear (per tensor) of NCHW float32 into
+  channels-last ``(N, *S, C)`` 8-bit, ``saturate(rint(x / s) + zp)``;
+- :func:`qlinear_add`: com.microsoft QLinearAdd of two equally shaped 8-bit arrays
+  as :func:`convengine.onnx.qops._qlinear_add` computes it (float32 FMAs carried in
+  float64, rounded once);
+- :func:`max_pool_last`: MaxPool of channels-last ``(N, H, W, C)`` with (lo, hi)
+  padding, stride and dilation; padded taps never win.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _quantize_last(x, scale, zp, lo, hi, y):  # pragma: no cover - compiled
+    n_, c_, h_, w_ = x.shape
+    for t in prange(n_ * h_):
+        n, h = t // h_, t % h_
+        for c in range(c_):
+            for w in range(w_):
+                v = np.rint(x[n, c, h, w] / scale) + zp
+                y[n, h, w, c] = min(max(v, lo), hi)
+
+
+def quantize_last(x: np.ndarray, scale: np.float32, zp: int, dtype: np.dtype) -> np.ndarray:
+    """x (N, C, H, W) float32, C-contiguous -> (N, H, W, C) of ``dtype`` (8-bit)."""
+    info = np.iinfo(dtype)
+    y = np.empty((x.shape[0], *x.shape[2:], x.shape[1]), dtype)
+    _quantize_last(x, np.float32(scale), np.float32(zp), np.float32(info.min),
+                   np.float32(info.max), y)
+    return y
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _qlinear_add(a, b, ra, rb, fixed, lo, hi, y):  # pragma: no cover - compiled
+    n = a.size
+    chunk = 4096
+    for t in prange((n + chunk - 1) // chunk):
+        for i in range(t * chunk, min(n, (t + 1) * chunk)):
+            inner = np.float32(np.float64(b[i]) * rb + fixed)
+            v = np.rint(np.float32(np.float64(a[i]) * ra + np.float64(inner)))
+            y[i] = min(max(v, lo), hi)
+
+
+def qlinear_add(a: np.ndarray, b: np.ndarray, ra: np.float32, rb: np.float32,
+                fixed: np.float32, dtype: np.dtype) -> np.ndarray:
+    """``saturate(rint(fma(a, ra, fma(b, rb, fixed))))`` elementwise; a and b 1-D
+    contiguous 8-bit of one length; float32 ``ra``, ``rb``, ``fixed``."""
+    info = np.iinfo(dtype)
+    y = np.empty(a.shape, dtype)
+    _qlinear_add(a, b, np.float64(ra), np.float64(rb), np.float64(fixed),
+                 np.float32(info.min), np.float32(info.max), y)
+    return y
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _max_pool_last(x, kh, kw, sh, sw, dh, dw, ph, pw, y):  # pragma: no cover - compiled
+    n_, h_, w_, c_ = x.shape
+    _, oh_, ow_, _ = y.shape
+    for t in prange(n_ * oh_):
+        n, oh = t // oh_, t % oh_
+        for ow in range(ow_):
+            first = True
+            for a in range(kh):
+                ih = oh * sh - ph + a * dh
+                if ih < 0 or ih >= h_:
+                    continue
+                for b in range(kw):
+                    iw = ow * sw - pw + b * dw
+                    if iw < 0 or iw >= w_:
+                        continue
+                    if first:
+                        y[n, oh, ow, :] = x[n, ih, iw, :]
+                        first = False
+                    else:
+                        for c in range(c_):
+                            v = x[n, ih, iw, c]
+                            if v > y[n, oh, ow, c] or v != v:
+                                y[n, oh, ow, c] = v
+
+
+def max_pool_last(x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
+                  dilation: tuple[int, int], pads: tuple[int, int],
+                  out: tuple[int, int]) -> np.ndarray:
+    """x (N, H, W, C) C-contiguous -> (N, *out, C); every window must meet x (the
+    caller checks)."""
+    y = np.empty((x.shape[0], *out, x.shape[-1]), x.dtype)
+    _max_pool_last(x, *kernel, *stride, *dilation, *pads, y)
+    return y
