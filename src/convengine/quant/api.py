@@ -338,6 +338,7 @@ def bind(plan: Plan, w: np.ndarray,
     direct = _in_place(problem, 4) and flip == 0
 
     def launch(x: np.ndarray, y: np.ndarray) -> None:
-        prows = kernels.panel_rows(y.shape[0], lda, get_num_threads(), kernels.VNNI_ROWS)
-        kernels.conv_vnni(x.view(np.uint8), *dense, direct, prows, *tail, y)
+        prows, parts = kernels.work_split(y.shape[0], lda, y.shape[1] // groups,
+                                          get_num_threads())
+        kernels.conv_vnni(x.view(np.uint8), *dense, direct, prows, parts, *tail, y)
     return launch

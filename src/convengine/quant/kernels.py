@@ -29,7 +29,6 @@ from ._vnni import MR, NR, ukernel_6x64, ukernel_8x32, ukernel_12x16
 
 PANEL_ROWS = 2 * MR  # portable kernel
 PANEL_BYTES = 384 * 1024  # VNNI im2col panel: about a fifth of a 2 MiB L2
-VNNI_ROWS = 24  # panels of whole 6-, 8- and 12-row blocks (the micro-kernels' heights)
 KC4_BLOCK = 64  # K chunk of 256 bytes: a 64-column weight block of 16 KiB stays in L1
 
 
@@ -123,16 +122,38 @@ def panel_rows(m_total: int, lda: int, threads: int, multiple: int = MR) -> int:
     return max(multiple, -(-rows // multiple) * multiple)
 
 
+def work_split(m_total: int, lda: int, og: int, threads: int) -> tuple[int, int]:
+    """How :func:`conv_vnni` shares ``m_total`` rows x ``og`` columns (per group) among
+    ``threads``: ``(rows per panel, column parts)``. Either the threads take row panels
+    (:func:`panel_rows`) or, where that leaves them unevenly loaded (few rows: the
+    6-row blocks do not divide evenly), each takes a part of the 64-column blocks of
+    every L2-sized panel; whichever gives the busiest thread fewer 6 x 64 tiles."""
+    nb = -(-og // NR)
+    multiple = 12 if og <= 16 else 8 if og <= 32 else MR
+    by_rows = panel_rows(m_total, lda, threads, multiple)
+    if threads == 1 or nb < threads:
+        return by_rows, 1
+    npanel = -(-m_total // by_rows)
+    blocks = [-(-min(by_rows, m_total - p * by_rows) // MR) for p in range(npanel)]
+    per_thread = -(-npanel // threads)
+    rows_cost = max(sum(blocks[t:t + per_thread]) for t in range(0, npanel, per_thread)) * nb
+    by_cols = panel_rows(m_total, lda, 1, MR)
+    cols_cost = -(-m_total // MR) * -(-nb // threads)
+    return (by_cols, threads) if cols_cost < rows_cost else (by_rows, 1)
+
+
 @njit(parallel=True, cache=True)
 def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, prows,
-              mode, mult, bias_f, bias_i, zp, lo, hi, out):
+              parts, mode, mult, bias_f, bias_i, zp, lo, hi, out):
     """out[m, o] = epilogue(sum_k (a[m, k] - xzp)(w[o, k] - wzp[o])) via vpdpbusd.
 
     ``wp`` flat int8 (g, nb, kc4, 64, 4); ``wzp``, ``col_term`` (O,) int32 with
     ``col_term[o] = kc*xzp*wzp[o] - xzp*sum_k w[o, k]`` (wrapping like the int32 sum).
     ``direct``: a 1x1, stride-1, unpadded, ungrouped conv on uint8 with C % 4 == 0 reads
-    x in place (no im2col). ``prows`` rows per panel, a multiple of ``VNNI_ROWS``
-    (:func:`panel_rows`). Column blocks of at most 16 or 32 channels use the narrow
+    x in place (no im2col). ``prows`` rows per panel and ``parts`` column parts from
+    :func:`work_split`: work item ``i`` is panel ``i % npanel`` with the ``i // npanel``-th
+    part of the column blocks (numba hands each thread a contiguous run of items).
+    Column blocks of at most 16 or 32 channels use the narrow
     micro-kernels. For each
     64-column block the K dimension runs in chunks of ``KC4_BLOCK * 4`` bytes whose
     weights (16 KiB) stay in L1 across the panel's row blocks; int32 partial tiles of
@@ -145,10 +166,11 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
     xflat = x.reshape(-1)
     need_sum = np.any(wzp != 0)
     npanel = (m_total + prows - 1) // prows
-    for p in prange(npanel):
+    for item in prange(npanel * parts):
+        p, part = item % npanel, item // npanel
         buf = np.empty(1 if direct else prows * lda, np.uint8)
         rows = np.zeros(prows, np.int32)
-        ctile = np.empty(prows * NR, np.int32)
+        ctile = np.empty((prows + 12) * NR, np.int32)  # + the tallest kernel's spill
         m0 = p * prows
         m1 = min(m_total, m0 + prows)
         a = xflat if direct else buf
@@ -163,7 +185,7 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
                     for k in range(kc, lda):
                         buf[np.uintp(pos + k)] = 0
                     rows[m - m0] = _flip_and_sum(buf, pos, kc, flip, need_sum)
-            for b in range(nb):
+            for b in range(part * nb // parts, (part + 1) * nb // parts):
                 ncol = min(NR, og - b * NR)
                 b_base = (g * nb + b) * kc4 * NR * 4
                 for k0 in range(0, kc4, KC4_BLOCK):
