@@ -97,11 +97,41 @@ def test_backward_data_matches_reference(x_shape, w_shape, kw):
     assert_close(got, expected, "float32", "blocked backward-data")
 
 
-def test_backward_data_refuses_strides_and_odd_channels():
+# strided backward-data by phases: every phase reached by 1, 2 or 4 taps (3x3 s2),
+# phases no tap reaches (kernel 2 < stride 4), padding beyond the kernel (dy cropped),
+# unequal strides and padding per dim, 1-D, stride 3 with a 7x7 kernel
+BWD_DATA_STRIDED_CASES = [
+    ("3x3-s2-pad1", (2, 9, 11, 16), (32, 3, 3, 16), dict(stride=2, padding=1)),
+    ("1x1-s2", (1, 8, 8, 32), (16, 1, 1, 32), dict(stride=2)),
+    ("k2-s4-empty-phases", (2, 5, 6, 16), (16, 2, 2, 16), dict(stride=4)),
+    ("pad-beyond-kernel", (1, 4, 4, 16), (16, 5, 5, 16), dict(stride=2, padding=4)),
+    ("unequal-asym", (2, 10, 9, 16), (16, 3, 2, 16),
+     dict(stride=(2, 3), padding=((2, 0), (0, 1)))),
+    ("7x7-s3", (1, 15, 15, 16), (16, 7, 7, 16), dict(stride=3, padding=3)),
+    ("1d-s2", (2, 37, 16), (16, 5, 16), dict(stride=2, padding=2)),
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"),
+                         [c[1:] for c in BWD_DATA_STRIDED_CASES],
+                         ids=[c[0] for c in BWD_DATA_STRIDED_CASES])
+def test_strided_backward_data_matches_reference(x_shape, w_shape, kw):
+    rng = np.random.default_rng(4)
+    x, w = random(rng, x_shape, "float32"), random(rng, w_shape, "float32")
+    dy = ce.conv(x, w, layout="NHWC", **kw)
+    assert ce.explain(dy, w, x.shape, layout="NHWC", pass_="backward_data",
+                      **kw).chosen == "blocked"
+    got = ce.conv_backward_data(dy, w, x.shape, layout="NHWC", algo="blocked", **kw)
+    expected = reference("backward_data", dy, w, x.shape, layout="NHWC", **kw)
+    assert_close(got, expected, "float32", "blocked strided backward-data")
+
+
+def test_backward_data_refuses_strided_dilation_and_odd_channels():
+    x_shape, w_shape = (1, 16, 9, 9), (16, 16, 3, 3)
+    why = ce.explain(np.ones((1, 16, 3, 3), np.float32), np.ones(w_shape, np.float32),
+                     x_shape, stride=2, dilation=2, pass_="backward_data").refused["blocked"]
+    assert "dilation" in why
     x_shape, w_shape = (1, 3, 9, 9), (16, 3, 3, 3)
-    why = ce.explain(np.ones((1, 16, 4, 4), np.float32), np.ones(w_shape, np.float32),
-                     x_shape, stride=2, pass_="backward_data").refused["blocked"]
-    assert "stride" in why
     why = ce.explain(np.ones((1, 16, 9, 9), np.float32), np.ones(w_shape, np.float32),
                      x_shape, padding=1, pass_="backward_data").refused["blocked"]
     assert "multiple of 16" in why

@@ -9,8 +9,9 @@ no column matrix, no transforms. It suits layers whose reduction is short or who
 im2col GEMM is thin, above all the 3-channel stems (7x7 and 3x3 stride 2).
 
 Serves forward, float32, dense (groups 1), 1-D and 2-D, output channels a multiple
-of 16; backward-data at stride 1 as the forward conv of dy with the flipped kernel
-(the stride-1 transpose rule), input channels a multiple of 16. The micro-kernel
+of 16; backward-data, input channels a multiple of 16: at stride 1 as the forward
+conv of dy with the flipped kernel (the stride-1 transpose rule), at larger strides
+(dilation 1) as one such conv per phase of the stride (:mod:`.blocked_strided`). The micro-kernel
 spells out ``<16 x float>`` FMAs (``llvm.fma.v16f32``): LLVM's own choice for this CPU
 would be 256-bit vectors.
 """
@@ -30,6 +31,7 @@ from numba.extending import intrinsic
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..registry import register
+from . import blocked_strided
 from ._common import too_large
 from ._fma import row_pointers, splat, store_rows
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_weight
@@ -224,20 +226,45 @@ def blocked_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarra
 
 
 def _supports_bwd_data(problem: ConvProblem) -> str | None:
-    reason = backward_data_as_forward_reason(problem)
+    if all(s == 1 for s in problem.stride):
+        reason = backward_data_as_forward_reason(problem)
+        if reason is not None:
+            return f"{reason} (served via the stride-1 transpose rule)"
+        return _supports(backward_data_as_forward(problem))
+    reason = blocked_strided.reason(problem)
     if reason is not None:
-        return f"{reason} (served via the stride-1 transpose rule)"
-    return _supports(backward_data_as_forward(problem))
+        return f"{reason} (strided backward-data runs by phases)"
+    return _supports(backward_data_as_forward(problem)) or too_large(
+        problem, blocked_strided.workspace(problem), "the phases' dy copies and weights")
 
 
 def _workspace_bwd_data(problem: ConvProblem) -> int:
-    return _workspace(backward_data_as_forward(problem))
+    if all(s == 1 for s in problem.stride):
+        return _workspace(backward_data_as_forward(problem))
+    return blocked_strided.workspace(problem)
 
 
 @register("blocked", "backward_data", supports=_supports_bwd_data,
           workspace_bytes=_workspace_bwd_data, accuracy=2, numpy_math=False)
 def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Stride 1: the forward conv of dy with the flipped kernel; else by phases
+    (:mod:`.blocked_strided`)."""
     nr = VEC * _nvec(problem.in_channels)
-    wp, _ = PACKED.get(w, ("flipped", problem.ndim, nr),
-                       lambda w: pack_weight(flipped_weight(w), problem.ndim, nr))
-    return _forward(backward_data_as_forward(problem), dy, wp)
+    if all(s == 1 for s in problem.stride):
+        wp, _ = PACKED.get(w, ("flipped", problem.ndim, nr),
+                           lambda w: pack_weight(flipped_weight(w), problem.ndim, nr))
+        return _forward(backward_data_as_forward(problem), dy, wp)
+    dx = np.empty(problem.x_shape("NHWC"), np.float32)
+    for phase in blocked_strided.phases(problem):
+        target = dx[blocked_strided.scatter_index(problem, phase)]
+        if target.size == 0:
+            continue
+        if any(p.taps == 0 for p in phase):
+            target[...] = 0
+            continue
+        sub = blocked_strided.sub_problem(problem, phase)
+        wp, _ = PACKED.get(w, ("phase", problem.stride, phase, nr), lambda w, phase=phase:
+                           pack_weight(blocked_strided.sub_kernel(w, problem, phase),
+                                       problem.ndim, nr))
+        target[...] = _forward(sub, blocked_strided.cropped(dy, phase), wp)
+    return dx
