@@ -386,7 +386,7 @@ def _reduce_mean(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> li
 # ------------------------------------------------------------------ linear algebra
 
 
-def _matmul_quiet(a: Array, b: Array) -> Array:
+def matmul_quiet(a: Array, b: Array) -> Array:
     """``np.matmul`` on single-threaded BLAS: OpenBLAS's own pool, once woken, spins
     next to convengine's kernels (measured: the conv after a multi-threaded 1x1280 @
     1280x1000 GEMM ran 40x slower)."""
@@ -398,7 +398,7 @@ def _gemm(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Arra
     a, b, c = operands(inputs, "Gemm", 2, 3)
     a = a.T if attrs.get("transA", 0) else a
     b = b.T if attrs.get("transB", 0) else b
-    y = _matmul_quiet(a, b)
+    y = matmul_quiet(a, b)
     alpha = float(attrs.get("alpha", 1.0))
     if alpha != 1.0:
         y *= y.dtype.type(alpha)
@@ -409,7 +409,7 @@ def _gemm(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Arra
 
 def _matmul(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
     a, b = operands(inputs, "MatMul", 2, 2)
-    return [_matmul_quiet(a, b)]
+    return [matmul_quiet(a, b)]
 
 
 # ------------------------------------------------------------------ shapes and data movement

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import ConvSetupError
 from . import kernels
-from .ops import Array, Op, conv_args, operands, to_first, to_last
+from .ops import Array, Op, conv_args, matmul_quiet, operands, to_first, to_last
 
 
 def _along(v: Array, axis: int, ndim: int) -> Array:
@@ -109,23 +109,36 @@ def _qlinear_matmul(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) ->
     return [saturate(acc.astype(np.float32) * mult, y_zp.dtype, y_zp.astype(np.float32))]
 
 
-def _qgemm(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
-    """com.microsoft QGemm: int32 ``(A - a_zp)(B - b_zp) + C``, scaled by ``alpha *
-    a_scale * b_scale``; requantized when ``y_scale`` is given, else float."""
-    a, a_s, a_zp, b, b_s, b_zp, c, y_s, y_zp = operands(inputs, "QGemm", 6, 9)
+def qgemm_weight(b: Array, b_zp: Array | None, trans_b: bool) -> Array:
+    """QGemm's ``B - b_zp`` as float64 ``(K, N)``: integer products and sums stay exact
+    in float64 (below 2**53), so BLAS's dgemm gives the int32 accumulator."""
+    b = b.T if trans_b else b
+    return _centered(b, b_zp, -1).astype(np.float64)
+
+
+def qgemm(a: Array, a_s: Array, a_zp: Array | None, b_centered: Array, b_s: Array,
+          c: Array | None, y_s: Array | None, y_zp: Array | None,
+          attrs: Mapping[str, Any]) -> Array:
+    """com.microsoft QGemm with B given as :func:`qgemm_weight`."""
     a = a.T if int(attrs.get("transA", 0)) else a
-    b_axis = 0 if int(attrs.get("transB", 0)) else 1
-    b = b.T if b_axis == 0 else b
-    acc = _centered(a, a_zp) @ _centered(b, b_zp, -1)
+    acc = matmul_quiet(_centered(a, a_zp).astype(np.float64), b_centered).astype(np.int32)
     if c is not None:
         acc = acc + c.astype(np.int32)
     scale = np.float32(attrs.get("alpha", 1.0)) * a_s.astype(np.float32) \
         * np.asarray(b_s, np.float32).reshape(-1)
     if y_s is None:
-        return [acc.astype(np.float32) * scale]
+        return acc.astype(np.float32) * scale
     zp = np.zeros((), np.uint8) if y_zp is None else y_zp
-    return [saturate(acc.astype(np.float32) * (scale / y_s.astype(np.float32)), zp.dtype,
-                     np.float32(zp))]
+    return saturate(acc.astype(np.float32) * (scale / y_s.astype(np.float32)), zp.dtype,
+                    np.float32(zp))
+
+
+def _qgemm(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
+    """com.microsoft QGemm: int32 ``(A - a_zp)(B - b_zp) + C``, scaled by ``alpha *
+    a_scale * b_scale``; requantized when ``y_scale`` is given, else float."""
+    a, a_s, a_zp, b, b_s, b_zp, c, y_s, y_zp = operands(inputs, "QGemm", 6, 9)
+    bc = qgemm_weight(b, b_zp, bool(int(attrs.get("transB", 0))))
+    return [qgemm(a, a_s, a_zp, bc, b_s, c, y_s, y_zp, attrs)]
 
 
 def _fma32(a: Array, b: Any, c: Any) -> Array:

@@ -37,7 +37,7 @@ from .ops import (
     conv_args,
 )
 from .qconvstep import QConvStep
-from .qops import MICROSOFT_OPS, QOPS
+from .qops import MICROSOFT_OPS, QOPS, qgemm, qgemm_weight
 
 DOMAINS: dict[str, dict[str, Op]] = {"": {**OPS, **QOPS}, "com.microsoft": MICROSOFT_OPS}
 
@@ -564,6 +564,17 @@ class Session:
                 check_rank(x, w.shape)
                 return [qstep(x)]
             return run_qconv
+        if node.op_type == "QGemm" and node.domain == "com.microsoft" and \
+                len(node.inputs) >= 6 and all(n in c for n in node.inputs[3:6] if n):
+            b_centered = qgemm_weight(c[node.inputs[3]], c.get(node.inputs[5]),
+                                      bool(int(node.attrs.get("transB", 0))))
+            attrs = dict(node.attrs)
+            node.inputs[3] = ""  # held, centered, by the step
+
+            def run_qgemm(xs: list[Any]) -> list[Array]:
+                a, a_s, a_zp, _, b_s, _, c_, y_s, y_zp = xs + [None] * (9 - len(xs))
+                return [qgemm(np.asarray(a), a_s, a_zp, b_centered, b_s, c_, y_s, y_zp, attrs)]
+            return run_qgemm
         return self._generic(node)
 
 
