@@ -106,7 +106,10 @@ def _make_ukernel(mr_rows: int, nvec: int) -> Any:
 @cache
 def _driver(nvec: int) -> Any:
     """The compiled forward for ``NR = 16 * nvec`` output channels per micro-tile:
-    ``run(xp (N,Hp,Wp,C), wp (O/NR,KH,KW,C,NR), y (N,OH,OW,O), sh, sw, dh, dw)``."""
+    ``run(xp (N,Hp,Wp,C), h0, w0, wp (O/NR,KH,KW,C,NR), y, y0, yn, yh, yw, oh, ow,
+    sh, sw, dh, dw)`` reads the input window of ``xp`` from row ``h0``, column ``w0``
+    and writes output ``(n, i, j, o)`` at ``y[y0 + n*yn + i*yh + j*yw + o]`` of the
+    flat ``y`` (a strided slice of a larger array, or a whole contiguous one)."""
     mr = MR * 4 // nvec  # 24 accumulators whatever NR is
     nr = VEC * nvec
     # compiled in a kernel module, cached on disk (numba's own cache cannot key a
@@ -115,11 +118,10 @@ def _driver(nvec: int) -> Any:
     src.expr("ukernel", f"_make_ukernel({mr}, {nvec})")
     ukernel = None  # bound in the kernel module
 
-    def run(xp, wp, y, sh, sw, dh, dw):  # noqa: PLR0913
+    def run(xp, h0, w0, wp, yf, y0, yn, yh, yw, oh_, ow_, sh, sw, dh, dw):  # noqa: PLR0913
         n_, hp, wpx, c_ = xp.shape
         blocks, kh_, kw_ = wp.shape[0], wp.shape[1], wp.shape[2]
-        _, oh_, ow_, o_ = y.shape
-        xf, wf, yf = xp.reshape(-1), wp.reshape(-1), y.reshape(-1)
+        xf, wf = xp.reshape(-1), wp.reshape(-1)
         segments = (ow_ + mr - 1) // mr
         wblock = kh_ * kw_ * c_ * nr
         # unit column dilation: a kernel row's taps are one contiguous run of kw * c
@@ -128,10 +130,10 @@ def _driver(nvec: int) -> Any:
             n, oh, ob = t // (oh_ * blocks), (t // blocks) % oh_, t % blocks
             for s in range(segments):
                 ow0 = s * mr
-                x_off = ((n * hp + oh * sh) * wpx + ow0 * sw) * c_
-                y_off = ((n * oh_ + oh) * ow_ + ow0) * o_ + ob * nr
+                x_off = ((n * hp + h0 + oh * sh) * wpx + w0 + ow0 * sw) * c_
+                y_off = y0 + n * yn + oh * yh + ow0 * yw + ob * nr
                 ukernel(xf, x_off, sw * c_, dh * wpx * c_, dw * c_, kh_, taps, run_len,
-                        wf, ob * wblock, min(mr, ow_ - ow0), yf, y_off, o_)
+                        wf, ob * wblock, min(mr, ow_ - ow0), yf, y_off, yw)
 
     src.function(run, parallel=True, nogil=True)
     return load(src).run
@@ -155,10 +157,16 @@ def _pad_rows(x, xp, top, left):
 
 def padded_input(x: np.ndarray, problem: ConvProblem) -> np.ndarray:
     """x (N, *S, C) zero-padded as the problem says, as (N, Hp, Wp, C) (a view if unpadded)."""
-    x4 = _as2d(x, problem.ndim)
-    if all(p == (0, 0) for p in problem.padding):
-        return x4
-    pads = ((0, 0),) * (2 - problem.ndim) + problem.padding
+    return pad(x, problem.ndim, problem.padding)
+
+
+def pad(x: np.ndarray, ndim: int, padding: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """x (N, *S, C) (any strides) zero-padded by ``padding`` ((lo, hi) per spatial dim)
+    as C-contiguous (N, Hp, Wp, C); x itself (as a view) when unpadded and contiguous."""
+    x4 = _as2d(x, ndim)
+    if all(p == (0, 0) for p in padding):
+        return np.ascontiguousarray(x4)
+    pads = ((0, 0),) * (2 - ndim) + padding
     (top, bottom), (left, right) = pads
     n, h, w, c = x4.shape
     xp = np.empty((n, h + top + bottom, w + left + right, c), x.dtype)
@@ -207,13 +215,27 @@ def _workspace(problem: ConvProblem) -> int:
 
 def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray) -> np.ndarray:
     """The forward conv of x (N, *S, C) by packed weights wp (:func:`pack_weight`)."""
-    xp = padded_input(x, problem)
     y = np.empty(problem.y_shape("NHWC"), np.float32)
+    run_into(y, (0, 0), (1, 1), problem, padded_input(x, problem), (0, 0), wp)
+    return y
+
+
+def run_into(out: np.ndarray, first: tuple[int, int], step: tuple[int, int],
+             problem: ConvProblem, xp: np.ndarray, origin: tuple[int, int],
+             wp: np.ndarray) -> None:
+    """The forward conv of ``problem`` written into ``out`` (N, *S, O), C-contiguous:
+    output pixel ``(i, j)`` to ``out[:, first[0] + i*step[0], first[1] + j*step[1]]``
+    (as (row, column) of the 2-D view); the padded input ``xp`` (N, Hp, Wp, C) is read
+    from (row, column) ``origin``."""
     lead = 2 - problem.ndim
     sh, sw = (1,) * lead + problem.stride
     dh, dw = (1,) * lead + problem.dilation
-    _driver(wp.shape[-1] // VEC)(xp, wp, _as2d(y, problem.ndim), sh, sw, dh, dw)
-    return y
+    oh, ow = (1,) * lead + problem.out_size
+    _, hh, ww, o = _as2d(out, problem.ndim).shape
+    y0 = (first[0] * ww + first[1]) * o
+    _driver(wp.shape[-1] // VEC)(xp, origin[0], origin[1], wp, out.reshape(-1), y0,
+                                  hh * ww * o, step[0] * ww * o, step[1] * o, oh, ow,
+                                  sh, sw, dh, dw)
 
 
 @register("blocked", "forward", supports=_supports, workspace_bytes=_workspace, accuracy=2,
@@ -254,17 +276,14 @@ def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.
         wp, _ = PACKED.get(w, ("flipped", problem.ndim, nr),
                            lambda w: pack_weight(flipped_weight(w), problem.ndim, nr))
         return _forward(backward_data_as_forward(problem), dy, wp)
-    dx = np.empty(problem.x_shape("NHWC"), np.float32)
-    for phase in blocked_strided.phases(problem):
-        target = dx[blocked_strided.scatter_index(problem, phase)]
-        if target.size == 0:
-            continue
-        if any(p.taps == 0 for p in phase):
-            target[...] = 0
-            continue
-        sub = blocked_strided.sub_problem(problem, phase)
+    live = blocked_strided.phases(problem)
+    dx = (np.empty if len(live) == math.prod(problem.stride) else np.zeros)(
+        problem.x_shape("NHWC"), np.float32)
+    dyp = pad(dy, problem.ndim, blocked_strided.dy_padding(problem))
+    for phase in live:
         wp, _ = PACKED.get(w, ("phase", problem.stride, phase, nr), lambda w, phase=phase:
                            pack_weight(blocked_strided.sub_kernel(w, problem, phase),
                                        problem.ndim, nr))
-        target[...] = _forward(sub, blocked_strided.cropped(dy, phase), wp)
+        first, step, origin = blocked_strided.placement(problem, phase)
+        run_into(dx, first, step, blocked_strided.sub_problem(problem, phase), dyp, origin, wp)
     return dx

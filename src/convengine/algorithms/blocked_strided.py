@@ -7,12 +7,12 @@ For stride ``s`` (dilation 1), the input positions ``t = r + s*u`` of one phase
     dx[r + s*u] = sum_k dy[u + q0 - k] * w[a0 + s*k],   q0 = (r + pad_lo - a0) / s
 
 a stride-1 correlation of dy with the flipped, channel-swapped sub-kernel
-``w[a0::s]`` whose padding ``K_r - 1 - q0`` (and the matching high side) may be
-negative, where dy is cropped instead. Each of the ``prod(s)`` phases (per spatial
-dim, combined) runs on ``blocked``'s forward kernel and is written into its strided
-slice of dx; a phase no tap reaches is zero. The same multiply-adds as the direct
-sum, none on inserted zeros (the zero-dilated dy of the textbook rule would do
-``prod(s)`` times as many).
+``w[a0::s]``, over the window of dy from ``q0 - (K_r - 1)`` on. dy is zero-padded
+once, as far as the phases' windows reach; each of the ``prod(s)`` phases (per
+spatial dim, combined) then runs ``blocked``'s forward kernel on its window and writes
+its strided slice of dx in place; a phase no tap reaches is zero. The same
+multiply-adds as the direct sum, none on inserted zeros (the zero-dilated dy of the
+textbook rule would do ``prod(s)`` times as many).
 """
 
 from __future__ import annotations
@@ -30,38 +30,47 @@ from ._transforms import backward_data_as_forward
 
 class Phase(NamedTuple):
     """One phase along one spatial dim: first input position ``r``, first tap ``a0``,
-    ``taps`` taps, outputs ``size``, dy cropped to ``[crop_lo, n - crop_hi)`` and
-    padded by ``pad`` (lo, hi) for the stride-1 correlation."""
+    ``taps`` taps, ``size`` outputs, its window of dy starting at ``start`` (may be
+    negative: in the zero padding)."""
 
     r: int
     a0: int
     taps: int
     size: int
-    crop_lo: int
-    crop_hi: int
-    pad: tuple[int, int]
+    start: int
 
 
-def phases_1d(length: int, out: int, kernel: int, stride: int, pad_lo: int) -> list[Phase]:
-    """The phases of one spatial dim of a conv of input ``length`` -> output ``out``."""
+def phases_1d(length: int, kernel: int, stride: int, pad_lo: int) -> list[Phase]:
+    """The phases of one spatial dim of a conv with input ``length``."""
     result = []
     for r in range(stride):
-        size = -(-(length - r) // stride)
         a0 = (r + pad_lo) % stride
-        count = max(0, -(-(kernel - a0) // stride))
+        taps = max(0, -(-(kernel - a0) // stride))
         q0 = (r + pad_lo - a0) // stride
-        lo = count - 1 - q0
-        hi = size - out - lo + count - 1
-        result.append(Phase(r, a0, count, size, max(0, -lo), max(0, -hi),
-                            (max(0, lo), max(0, hi))))
+        result.append(Phase(r, a0, taps, -(-(length - r) // stride), q0 - (taps - 1)))
     return result
 
 
+def _per_dim(problem: ConvProblem) -> list[list[Phase]]:
+    return [phases_1d(n, k, s, lo) for n, k, s, (lo, _) in zip(
+        problem.in_size, problem.kernel, problem.stride, problem.padding)]
+
+
 def phases(problem: ConvProblem) -> list[tuple[Phase, ...]]:
-    """Every combination of per-dim phases of a backward-data problem."""
-    per_dim = [phases_1d(n, o, k, s, lo) for n, o, k, s, (lo, _) in zip(
-        problem.in_size, problem.out_size, problem.kernel, problem.stride, problem.padding)]
-    return list(itertools.product(*per_dim))
+    """Every combination of per-dim phases that some tap reaches and that has outputs."""
+    return [ph for ph in itertools.product(*_per_dim(problem))
+            if all(p.taps > 0 and p.size > 0 for p in ph)]
+
+
+def dy_padding(problem: ConvProblem) -> tuple[tuple[int, int], ...]:
+    """(lo, hi) zero padding of dy that every phase's window lies in."""
+    pads = []
+    for out, dim in zip(problem.out_size, _per_dim(problem)):
+        live = [p for p in dim if p.taps > 0 and p.size > 0]
+        lo = max([0] + [-p.start for p in live])
+        hi = max([0] + [p.start + p.size + p.taps - 1 - out for p in live])
+        pads.append((lo, hi))
+    return tuple(pads)
 
 
 def reason(problem: ConvProblem) -> str | None:
@@ -74,15 +83,15 @@ def reason(problem: ConvProblem) -> str | None:
 
 
 def sub_problem(problem: ConvProblem, phase: tuple[Phase, ...]) -> ConvProblem:
-    """The stride-1 forward problem of one phase (channels swapped: dy -> dx)."""
+    """The stride-1, unpadded forward problem of one phase (channels swapped)."""
     forward = backward_data_as_forward(problem)
     return dataclasses.replace(
         forward,
-        in_size=tuple(o - p.crop_lo - p.crop_hi for o, p in zip(problem.out_size, phase)),
+        in_size=tuple(p.size + p.taps - 1 for p in phase),
         out_size=tuple(p.size for p in phase),
         kernel=tuple(p.taps for p in phase),
         stride=(1,) * problem.ndim,
-        padding=tuple(p.pad for p in phase),
+        padding=((0, 0),) * problem.ndim,
     )
 
 
@@ -94,24 +103,21 @@ def sub_kernel(w: np.ndarray, problem: ConvProblem, phase: tuple[Phase, ...]) ->
     return np.ascontiguousarray(np.flip(np.swapaxes(sub, 0, -1), axis=spatial))
 
 
-def cropped(dy: np.ndarray, phase: tuple[Phase, ...]) -> np.ndarray:
-    """dy ``(N, *S_out, O)`` cropped as the phase says, C-contiguous."""
-    index = tuple(slice(p.crop_lo, dy.shape[1 + i] - p.crop_hi) for i, p in enumerate(phase))
-    return np.ascontiguousarray(dy[(slice(None), *index, slice(None))])
-
-
-def scatter_index(problem: ConvProblem, phase: tuple[Phase, ...]) -> tuple[slice, ...]:
-    """The slice of dx ``(N, *S_in, C)`` that a phase's output fills."""
-    return (slice(None), *(slice(p.r, None, s) for p, s in zip(phase, problem.stride)),
-            slice(None))
+def placement(problem: ConvProblem, phase: tuple[Phase, ...]
+              ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """(first, step) of the phase's outputs in dx and the (row, column) origin of its
+    window in the padded dy, as 2-D (row, column) pairs (a 1-D problem is one row)."""
+    lead = 2 - problem.ndim
+    pads = dy_padding(problem)
+    first = (0,) * lead + tuple(p.r for p in phase)
+    step = (1,) * lead + problem.stride
+    origin = (0,) * lead + tuple(p.start + lo for p, (lo, _) in zip(phase, pads))
+    return first, step, origin  # type: ignore[return-value]
 
 
 def workspace(problem: ConvProblem) -> int:
-    """Bytes: a phase's padded dy and its output (one phase at a time), and the packed
-    sub-kernels (as many weights as w)."""
-    widest = max(math.prod(o + sum(p.pad) for o, p in zip(problem.out_size, ph))
-                 for ph in phases(problem))
-    largest = max(math.prod(p.size for p in ph) for ph in phases(problem))
-    per_image = (widest * problem.out_channels + largest * problem.in_channels)
+    """Bytes: the padded dy and the packed sub-kernels (as many weights as w)."""
+    padded = math.prod(o + lo + hi for o, (lo, hi) in zip(problem.out_size,
+                                                          dy_padding(problem)))
     weights = problem.out_channels * math.prod(problem.kernel) * problem.in_channels
-    return 4 * (problem.batch * per_image + weights)
+    return 4 * (problem.batch * padded * problem.out_channels + weights)
