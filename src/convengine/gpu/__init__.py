@@ -24,8 +24,9 @@ def on_cuda(a: Any) -> bool:
     """Whether ``a`` is an array on a CUDA device (without importing its library)."""
     if isinstance(a, np.ndarray):
         return False
-    if getattr(a, "is_cuda", False) is True:
-        return True
+    is_cuda = getattr(a, "is_cuda", None)  # a torch tensor answers without DLPack
+    if isinstance(is_cuda, bool):
+        return is_cuda
     device = getattr(a, "__dlpack_device__", None)
     if device is None:
         return False

@@ -73,10 +73,13 @@ def _layout(x: torch.Tensor) -> str:
     return "NHWC" if x.dim() in (4, 5) or _channels_last(x) else "NCHW"
 
 
+_TO_LAST = {n: (0, *range(2, n), 1) for n in range(3, 6)}  # axis 1 moved last
+
+
 def _view(t: torch.Tensor, layout: str, name: str) -> np.ndarray:
     """numpy view of an NCHW-ordered tensor in ``layout`` (a transposed view for NHWC)."""
     a = to_numpy(t, name)
-    return np.moveaxis(a, 1, -1) if layout == "NHWC" else a
+    return a.transpose(_TO_LAST[a.ndim]) if layout == "NHWC" else a
 
 
 def _back(a: np.ndarray, layout: str) -> torch.Tensor:
