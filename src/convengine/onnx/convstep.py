@@ -71,6 +71,18 @@ def apply_steps(y: Array, steps: Sequence[tuple[str, Any]], extra: Sequence[Arra
     return y
 
 
+def winograd_panels(w: Array, m: int) -> Array:
+    """``winograd.pack_weights(winograd.weight_transform(w, m))`` one panel of output
+    channels at a time: the float64 transform of a whole 512x512 layer would take
+    four times the packed panels again, while the network's activations are alive."""
+    width = winograd.nr(w.itemsize)
+    o = w.shape[0]
+    panels = np.empty((-(-o // width), (m + 2) ** (w.ndim - 2), w.shape[-1], width), w.dtype)
+    for i, start in enumerate(range(0, o, width)):
+        panels[i] = winograd.pack_weights(winograd.weight_transform(w[start:start + width], m))[0]
+    return panels
+
+
 class ConvStep:
     """``step(x, extra) -> y``: the conv of NCHW-shaped ``x`` (a view of channels-last
     memory, as every step returns) with w ``(O, C/g, *K)``, bias ``(O,)`` or None,
@@ -79,13 +91,15 @@ class ConvStep:
 
     def __init__(self, w: Array, b: Array | None, args: Mapping[str, Any],
                  steps: Sequence[tuple[str, Any]]) -> None:
-        self.w_last = np.ascontiguousarray(np.moveaxis(w, 1, -1))
+        self._w_last: Array | None = np.ascontiguousarray(np.moveaxis(w, 1, -1))
+        self.w_shape = self._w_last.shape
+        self._w_users = 0  # kernels that read w_last (not only packed panels)
         out_channels = w.shape[0]
         self.bias = (np.zeros(out_channels, w.dtype) if b is None
                      else np.ascontiguousarray(b, dtype=w.dtype))
         self.args = dict(args)
         self.steps = list(steps)
-        self.fast = w.dtype == np.float32 and not nonfinite(self.w_last)
+        self.fast = w.dtype == np.float32 and not nonfinite(self._w_last)
         adds = [arg for kind, arg in self.steps if kind == "add"]
         self.residual = adds[0] if len(adds) == 1 and self.steps[0][0] == "add" else None
         rest = self.steps[1:] if self.residual is not None else self.steps
@@ -100,12 +114,14 @@ class ConvStep:
     def __call__(self, x: Array, extra: Sequence[Array]) -> Array:
         xl = to_last(x)
         if not self.fast or xl.dtype != np.float32 or xl.shape[0] == 0:
-            y = to_first(api.conv(xl, self.w_last, self.bias, layout="NHWC", **self.args))
+            y = to_first(api.conv(xl, self.w_last(), self.bias, layout="NHWC", **self.args))
             return apply_steps(y, self.steps, extra)
         key = (xl.shape, get_num_threads())
         kernel = self._kernels.get(key)
         if kernel is None:
             kernel = self._kernels[key] = self._kernel(xl)
+            if not self._w_users:  # only packed panels are read: keep the weights once
+                self._w_last = None
         y = kernel(np.ascontiguousarray(xl))
         rows = y.reshape(-1, y.shape[-1])
         residual, rest = None, self.rest
@@ -120,23 +136,31 @@ class ConvStep:
             rest = self.steps
         return apply_steps(to_first(y), rest, extra) if rest else to_first(y)
 
+    def w_last(self) -> Array:
+        """w ``(O, *K, C/g)``, rebuilt from ``blocked``'s panels when only they are kept
+        (:func:`convengine.algorithms.blocked.pack_weight` reordered back)."""
+        if self._w_last is None:
+            wp = next(v for k, v in self._packed.items() if k[0] == "blocked")
+            self._w_last = wp.transpose(0, 4, 1, 2, 3).reshape(self.w_shape)
+        return self._w_last
+
     # -------------------------------------------------------------- planning
 
     def _kernel(self, xl: Array) -> Kernel:
         """``kernel(x (N, *S, C)) -> y (N, *S_out, O)`` for x's shape and the current
         thread count: the algorithm ``auto`` picks, its weights packed once."""
-        problem = api.forward_problem(xl, self.w_last, layout="NHWC", **self.args)
+        w = self.w_last()
+        problem = api.forward_problem(xl, w, layout="NHWC", **self.args)
         algo = select.resolve(problem)
-        w = self.w_last
         if algo.name == "blocked":
             nr = blocked.VEC * blocked._nvec(problem.out_channels)
             wp = self._pack(("blocked", nr),
                             lambda: blocked.pack_weight(w, problem.ndim, nr))
             return lambda x: blocked._forward(problem, x, wp)
+        self._w_users += 1
         if algo.name in select.WINOGRAD_TILE:
             m = select.WINOGRAD_TILE[algo.name]
-            up = self._pack(("winograd", m),
-                            lambda: winograd.pack_weights(winograd.weight_transform(w, m)))
+            up = self._pack(("winograd", m), lambda: winograd_panels(w, m))
             direct = registry.get("direct", "forward")
 
             def run_winograd(x: Array) -> Array:
