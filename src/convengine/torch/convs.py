@@ -101,6 +101,15 @@ def _pairs(problem_padding: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int
     return tuple((int(lo), int(hi)) for lo, hi in problem_padding)
 
 
+def _conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                  conf: dict[str, Any], layout: str) -> torch.Tensor:
+    """y = conv(x, w) + b on the engine, without autograd."""
+    xv, wv = _view(x, layout, "input"), _view(w, layout, "weight")
+    bv = None if bias is None else to_numpy(bias, "bias")
+    return _back(api.conv(xv, wv, bv, layout=layout, algo=conf["algo"], **_geom(conf)),
+                 layout)
+
+
 class _ConvFn(torch.autograd.Function):
     """y = conv(x, w) + b; backward runs convengine's backward-data and backward-weight."""
 
@@ -113,12 +122,9 @@ class _ConvFn(torch.autograd.Function):
         conf: dict[str, Any],
     ) -> torch.Tensor:
         layout = _layout(x)
-        xv, wv = _view(x, layout, "input"), _view(w, layout, "weight")
-        bv = None if bias is None else to_numpy(bias, "bias")
-        y = api.conv(xv, wv, bv, layout=layout, algo=conf["algo"], **_geom(conf))
         ctx.save_for_backward(x, w)
         ctx.conf, ctx.layout = conf, layout  # type: ignore[attr-defined]
-        return _back(y, layout)
+        return _conv_forward(x, w, bias, conf, layout)
 
     @staticmethod
     @once_differentiable
@@ -233,9 +239,18 @@ def conv(
     x = input if batched else input.unsqueeze(0)
     conf = {"stride": stride, "padding": padding, "dilation": dilation,
             "groups": groups, "algo": algo}
-    fn = gpu.autograd_fn("conv") if gpu.wanted(algo, x, weight) else _ConvFn  # CUDA: Triton
-    y = fn.apply(x, weight, bias, conf)
+    if gpu.wanted(algo, x, weight):  # CUDA: Triton
+        y = gpu.autograd_fn("conv").apply(x, weight, bias, conf)
+    elif _differentiable(x, weight, bias):
+        y = _ConvFn.apply(x, weight, bias, conf)
+    else:  # inference: no autograd Function to build (some 10 us a call)
+        y = _conv_forward(x, weight, bias, conf, _layout(x))
     return y if batched else y.squeeze(0)
+
+
+def _differentiable(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd records this call: gradients on and some operand requires one."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def conv_transpose(
