@@ -210,3 +210,15 @@ def test_backward_weight_refuses_odd_input_channels_and_groups():
     why = ce.explain(np.ones((1, 32, 6, 6), np.float32), dy, (32, 16, 3, 3), padding=1,
                      groups=2, pass_="backward_weight").refused["blocked"]
     assert "groups=2" in why
+
+
+def test_same_bits_finds_a_difference_in_the_head_and_in_the_tail():
+    """The early look at the first words never decides equality on its own."""
+    from convengine.algorithms.weight_cache import HEAD_WORDS, same_bits
+
+    a = np.arange(4 * HEAD_WORDS, dtype=np.float32)
+    for where in (0, HEAD_WORDS * 2 - 1, a.size - 1):
+        b = a.copy()
+        b[where] = -1
+        assert not same_bits(a, b)
+    assert same_bits(a, a.copy())

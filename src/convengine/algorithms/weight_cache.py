@@ -1,7 +1,8 @@
 """A bounded LRU of arrays derived from weights (Winograd's transforms, ``blocked``'s
 packed panels), matched bit-exactly on the weights: a model calls its convs with the
 same weights again and again, and deriving them anew each call costs a copy or more.
-Weights changed in place (a training step) simply miss.
+Weights changed in place (a training step) miss, at the cost of comparing a few
+hundred words.
 """
 
 from __future__ import annotations
@@ -25,13 +26,20 @@ def _same_words(a, b):
     return diff == 0
 
 
+HEAD_WORDS = 512  # compared first: weights changed by a training step differ there
+
+
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two equally shaped contiguous arrays hold the same bits (compared as
-    64-bit words where the size allows)."""
+    64-bit words where the size allows; the first ``HEAD_WORDS`` first, so that
+    arrays that differ early cost no full pass)."""
     if a.size == 0:
         return True
     word = "u8" if a.nbytes % 8 == 0 else f"u{a.itemsize}"
-    return bool(_same_words(a.reshape(-1).view(word), b.reshape(-1).view(word)))
+    a1, b1 = a.reshape(-1).view(word), b.reshape(-1).view(word)
+    if a1.size > HEAD_WORDS and not _same_words(a1[:HEAD_WORDS], b1[:HEAD_WORDS]):
+        return False
+    return bool(_same_words(a1, b1))
 
 
 class WeightCache:
