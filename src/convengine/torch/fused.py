@@ -4,9 +4,15 @@
 any convengine conv (``auto``: tuned or heuristic algorithm), then one parallel pass
 over its channels-last output adds the bias and the residual and applies the
 activation in place (:mod:`convengine.fused_epilogue`), where PyTorch eager runs
-BatchNorm, the add and the activation as three passes. Weights are held channels-last
-once; results come back channels-last (NCHW shape, ``torch.channels_last`` strides).
-Built by :func:`convengine.torch.optimize` (BatchNorm folded into ``w`` and ``b``).
+BatchNorm, the add and the activation as three passes. Results come back
+channels-last (NCHW shape, ``torch.channels_last`` strides). Built by
+:func:`convengine.torch.optimize` (BatchNorm folded into ``w`` and ``b``).
+
+The weights are prepared once (:class:`convengine.prepared.PreparedConv`: packed for
+the algorithm, no comparison of them on every call), as PyTorch's own prepacked
+inference modules do, and prepared again when ``weight`` is replaced or changed in
+place through PyTorch (its version counter moves); a change written behind PyTorch's
+back (through ``.data`` or a numpy view) is not seen.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ import torch  # absolute import: PyTorch, not this package
 import torch.nn.functional as F
 from torch import nn
 
-from .. import api, fused_epilogue
+from .. import fused_epilogue
 from ..errors import ConvSetupError
+from ..prepared import PreparedConv
 from .convs import from_numpy, to_numpy
 
 __all__ = ["ACTIVATIONS", "FusedConv2d"]
@@ -67,6 +74,7 @@ class FusedConv2d(nn.Module):
         self.register_buffer("bias", bias.detach().float().contiguous())
         self.stride, self.padding, self.dilation = stride, padding, dilation
         self.groups, self.activation, self.residual = groups, activation, residual
+        self._prepared_for: tuple[int, int, int] | None = None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.dtype != torch.float32:
@@ -76,10 +84,8 @@ class FusedConv2d(nn.Module):
         if (residual is not None) != self.residual:
             raise TypeError(f"this FusedConv2d takes {'a' if self.residual else 'no'} "
                             f"residual operand")
-        xv = to_numpy(x, "input").transpose(0, 2, 3, 1)  # NHWC views
-        wv = to_numpy(self.weight, "weight").transpose(0, 2, 3, 1)
-        y = api.conv(xv, wv, stride=self.stride, padding=self.padding,
-                     dilation=self.dilation, groups=self.groups, layout="NHWC")
+        xv = to_numpy(x, "input").transpose(0, 2, 3, 1)  # an NHWC view
+        y = self._prepared()(xv)
         bias, rows = to_numpy(self.bias, "bias"), y.reshape(-1, y.shape[-1])  # a view
         out = from_numpy(y).permute(0, 3, 1, 2)
         if residual is None:
@@ -93,6 +99,25 @@ class FusedConv2d(nn.Module):
         # and activation after the conv, so that the model's semantics stay
         fused_epilogue.apply(rows, bias, None, "none")
         return _TORCH_ACTS[self.activation](out + residual)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled and deep-copied without the prepared conv (made again on first use)."""
+        state = dict(super().__getstate__())
+        for key in ("_conv", "_weight_ref"):
+            state.pop(key, None)
+        state["_prepared_for"] = None
+        return state
+
+    def _prepared(self) -> PreparedConv:
+        """The prepared conv of the current weight (made again when it changed)."""
+        w = self.weight
+        stamp = (id(w), w._version, w.data_ptr())
+        if self._prepared_for != stamp:
+            wv = np.ascontiguousarray(to_numpy(w, "weight").transpose(0, 2, 3, 1))
+            self._conv = PreparedConv(wv, stride=self.stride, padding=self.padding,
+                                      dilation=self.dilation, groups=self.groups)
+            self._prepared_for, self._weight_ref = stamp, w  # w kept: its id stays its own
+        return self._conv
 
     def extra_repr(self) -> str:
         o, c, kh, kw = self.weight.shape
