@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._amx import amx_32x32, amx_begin, amx_end
+from ._copy import copy_bytes
 from ._vnni import MR, NR, ukernel_6x64, ukernel_8x32, ukernel_12x16
 
 PANEL_ROWS = 2 * MR  # portable kernel
@@ -75,6 +76,66 @@ def _gather_u8(x, m, g, cg, geo, padval, buf, pos):
                     for c in range(cg):
                         buf[np.uintp(pos + c)] = padval
                 pos += cg
+
+
+@njit(inline="always")
+def _gather_spans(xflat, dims, n, od, oh, ow, g, cg, geo, padval, buf, pos):
+    """:func:`_gather_u8` for output pixel (n, od, oh, ow) of x flattened (``dims``: its
+    D, H, W, C), by runs: where a kernel row's taps lie side by side in x (ungrouped,
+    width dilation 1, the row inside the input), its ``KW * C`` bytes move in one
+    :func:`copy_bytes`; otherwise each tap's ``cg`` bytes do."""
+    d_in, h_in, w_in, chans = dims
+    kw_n, dw = geo[2], geo[11]
+    ix0 = ow * geo[5] - geo[8]
+    run = kw_n * cg
+    whole = cg == chans and dw == 1 and ix0 >= 0 and ix0 + kw_n <= w_in
+    for kd in range(geo[0]):
+        iz = od * geo[3] - geo[6] + kd * geo[9]
+        for kh in range(geo[1]):
+            iy = oh * geo[4] - geo[7] + kh * geo[10]
+            if not (0 <= iz < d_in and 0 <= iy < h_in):
+                for k in range(run):
+                    buf[np.uintp(pos + k)] = padval
+            elif whole:
+                copy_bytes(buf, pos, xflat, (((n * d_in + iz) * h_in + iy) * w_in + ix0) * chans,
+                           run)
+            else:
+                row = ((n * d_in + iz) * h_in + iy) * w_in
+                for kw in range(kw_n):
+                    ix = ix0 + kw * dw
+                    at = pos + kw * cg
+                    if 0 <= ix < w_in:
+                        copy_bytes(buf, at, xflat, (row + ix) * chans + g * cg, cg)
+                    else:
+                        for k in range(cg):
+                            buf[np.uintp(at + k)] = padval
+            pos += run
+
+
+@njit(inline="always")
+def _gather_panel(x, m0, m1, g, cg, geo, padval, flip, need_sum, kc, lda, buf, rows):
+    """Rows m0..m1 of group g's im2col matrix into ``buf`` (``lda`` bytes a row, zeros
+    past ``kc``, XORed with ``flip``), their byte sums into ``rows`` if ``need_sum``.
+    Output pixels are stepped through, not divided out of m."""
+    n, od, oh, ow = _decode(m0, geo)
+    xflat = x.reshape(-1)
+    dims = (x.shape[1], x.shape[2], x.shape[3], x.shape[4])
+    for m in range(m0, m1):
+        pos = (m - m0) * lda
+        _gather_spans(xflat, dims, n, od, oh, ow, g, cg, geo, padval, buf, pos)
+        for k in range(kc, lda):
+            buf[np.uintp(pos + k)] = 0
+        rows[m - m0] = _flip_and_sum(buf, pos, kc, flip, need_sum)
+        ow += 1
+        if ow == geo[14]:
+            ow = 0
+            oh += 1
+            if oh == geo[13]:
+                oh = 0
+                od += 1
+                if od == geo[12]:
+                    od = 0
+                    n += 1
 
 
 @njit(inline="always")
@@ -168,7 +229,7 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
     npanel = (m_total + prows - 1) // prows
     for item in prange(npanel * parts):
         p, part = item % npanel, item // npanel
-        buf = np.empty(1 if direct else prows * lda, np.uint8)
+        buf = np.empty(1 if direct else prows * lda + 64, np.uint8)  # + copy_bytes' slack
         rows = np.zeros(prows, np.int32)
         ctile = np.empty((prows + 12) * NR, np.int32)  # + the tallest kernel's spill
         m0 = p * prows
@@ -176,15 +237,12 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
         a = xflat if direct else buf
         a0 = m0 * kc if direct else 0
         for g in range(groups):
-            for m in range(m0, m1):
-                if direct:
+            if direct:
+                for m in range(m0, m1):
                     rows[m - m0] = _flip_and_sum(xflat, m * kc, kc, 0, need_sum)
-                else:
-                    pos = (m - m0) * lda
-                    _gather_u8(x, m, g, cg, geo, xzp ^ flip, buf, pos)
-                    for k in range(kc, lda):
-                        buf[np.uintp(pos + k)] = 0
-                    rows[m - m0] = _flip_and_sum(buf, pos, kc, flip, need_sum)
+            else:
+                _gather_panel(x, m0, m1, g, cg, geo, xzp ^ flip, flip, need_sum, kc, lda, buf,
+                              rows)
             for b in range(part * nb // parts, (part + 1) * nb // parts):
                 ncol = min(NR, og - b * NR)
                 b_base = (g * nb + b) * kc4 * NR * 4
@@ -232,7 +290,7 @@ def conv_amx(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, 
     full_end = m_total - m_total % 32  # row blocks from here on are partial
     for p in prange(npanel):
         amx_begin(cfg)
-        buf = np.empty(32 * lda if direct else prows * lda, np.uint8)
+        buf = np.empty(32 * lda if direct else prows * lda + 64, np.uint8)
         rows = np.zeros(prows, np.int32)
         ctile = np.empty(prows * NR, np.int32)
         m0 = p * prows
@@ -245,12 +303,8 @@ def conv_amx(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, 
                     buf[:] = 0
                     buf[:(m1 - full_end) * kc] = xflat[full_end * kc:m1 * kc]
             else:
-                for m in range(m0, m1):
-                    pos = (m - m0) * lda
-                    _gather_u8(x, m, g, cg, geo, xzp ^ flip, buf, pos)
-                    for k in range(kc, lda):
-                        buf[np.uintp(pos + k)] = 0
-                    rows[m - m0] = _flip_and_sum(buf, pos, kc, flip, need_sum)
+                _gather_panel(x, m0, m1, g, cg, geo, xzp ^ flip, flip, need_sum, kc, lda, buf,
+                              rows)
             for b in range(nb):
                 ncol = min(NR, og - b * NR)
                 b_base = (g * nb + b) * kc4 * NR * 4
