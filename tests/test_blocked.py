@@ -162,6 +162,12 @@ BWD_WEIGHT_CASES = [
      dict(stride=(1, 2), padding=((2, 0), (0, 1)), dilation=(2, 1))),
     ("1x1-c16", (3, 5, 5, 16), (16, 1, 1, 16), {}),
     ("1d", (2, 37, 16), (64, 5, 16), dict(stride=2, padding=2)),
+    # few input channels: the turned kernel over runs of a kernel row's taps
+    ("rows-resnet-stem", (2, 23, 21, 3), (64, 7, 7, 3), dict(stride=2, padding=3)),
+    ("rows-c8-o32-row-dilation", (1, 11, 9, 8), (32, 3, 3, 8),
+     dict(padding=(2, 1), dilation=(2, 1))),
+    ("rows-c16-o64", (2, 6, 7, 16), (64, 3, 3, 16), dict(padding=1)),
+    ("rows-1d", (2, 30, 5), (16, 7, 5), dict(stride=3, padding=1)),
 ]
 
 
@@ -203,10 +209,14 @@ def test_backward_weight_of_an_empty_batch_is_zero():
 
 
 def test_backward_weight_refuses_odd_input_channels_and_groups():
-    dy = np.ones((1, 32, 6, 6), np.float32)
-    why = ce.explain(np.ones((1, 8, 6, 6), np.float32), dy, (32, 8, 3, 3), padding=1,
-                     pass_="backward_weight").refused["blocked"]
+    why = ce.explain(np.ones((1, 8, 6, 6), np.float32), np.ones((1, 24, 6, 6), np.float32),
+                     (24, 8, 3, 3), padding=1, pass_="backward_weight").refused["blocked"]
     assert "input channels must be a multiple of 16" in why
+    dy = np.ones((1, 32, 6, 6), np.float32)
+    why = ce.explain(np.ones((1, 3, 9, 9), np.float32), np.ones((1, 16, 9, 9), np.float32),
+                     (16, 3, 3, 3), padding=(1, 2), dilation=(1, 2),
+                     pass_="backward_weight").refused["blocked"]
+    assert "unit column dilation" in why
     why = ce.explain(np.ones((1, 32, 6, 6), np.float32), dy, (32, 16, 3, 3), padding=1,
                      groups=2, pass_="backward_weight").refused["blocked"]
     assert "groups=2" in why

@@ -15,7 +15,12 @@ tasks on a chunk before the next, adding the chunk's sum to its blocks of ``dw``
 The sum over pixels therefore runs in chunk order, in float32, one rounding per fused
 multiply-add.
 
-Serves float32, dense (groups 1), 1-D and 2-D, input channels a multiple of 16.
+With few input channels (the 3-channel stems) the roles turn: a block holds ``MR``
+consecutive taps of one kernel row (its columns x channels are one contiguous run of
+``xp`` at unit column dilation) x 64 output channels, broadcasting x and loading dy.
+
+Serves float32, dense (groups 1), 1-D and 2-D, input channels a multiple of 16 or
+output channels a multiple of 16 at unit column dilation.
 """
 
 from __future__ import annotations
@@ -142,9 +147,59 @@ def _driver(nvec: int) -> Any:
     return load(src).run
 
 
-def _nvec(in_channels: int) -> int:
-    """Vectors per block: 4 (64 channels) when C allows it, else 2 or 1."""
-    return next(v for v in (4, 2, 1) if in_channels % (VEC * v) == 0)
+@cache
+def _row_driver(nvec: int) -> Any:
+    """The weight gradient with the roles turned, for few input channels: ``MR``
+    consecutive taps of a kernel row (its columns x channels, one contiguous run of
+    ``run_len`` values of ``xp`` at unit column dilation) x ``NR = 16 * nvec`` output
+    channels per block, broadcasting x and loading dy.
+    ``run(xp (N,Hp,Wp,C), dy (N,OH,OW,O), out (KH, run_len, O), sh, sw, dh, imgs, rows,
+    workers)``, chunks and shares as :func:`_driver`."""
+    nr = VEC * nvec
+    src = Source(__name__, f"blocked_wgrad_rows_nr{nr}")
+    src.expr("ukernel", f"_make_ukernel({nvec})")
+    ukernel = None  # bound in the kernel module
+
+    def run(xp, dy, out, sh, sw, dh, imgs, rows, workers):  # noqa: PLR0913
+        n_, hp, wpx, c_ = xp.shape
+        _, oh_, ow_, o_ = dy.shape
+        kh_, run_len, _ = out.shape
+        xf, df, yf = xp.reshape(-1), dy.reshape(-1), out.reshape(-1)
+        tblocks, oblocks = (run_len + MR - 1) // MR, o_ // nr
+        tasks = kh_ * tblocks * oblocks
+        for worker in prange(workers):
+            first, stop = worker * tasks // workers, (worker + 1) * tasks // workers
+            for n0 in range(0, n_, imgs):
+                nn = min(imgs, n_ - n0)
+                for h0 in range(0, oh_, rows):
+                    nh = min(rows, oh_ - h0)
+                    add = 0 if n0 == 0 and h0 == 0 else 1
+                    for t in range(first, stop):
+                        a, rest = t // (tblocks * oblocks), t % (tblocks * oblocks)
+                        t0, o0 = (rest // oblocks) * MR, (rest % oblocks) * nr
+                        x_off = (n0 * hp + h0 * sh + a * dh) * wpx * c_ + t0
+                        d_off = (n0 * oh_ + h0) * ow_ * o_ + o0
+                        ukernel(xf, x_off, hp * wpx * c_, sh * wpx * c_, sw * c_, nn, nh, ow_,
+                                df, d_off, oh_ * ow_ * o_, ow_ * o_, o_,
+                                min(MR, run_len - t0), yf, (a * run_len + t0) * o_ + o0, o_,
+                                add)
+
+    src.function(run, parallel=True, nogil=True)
+    return load(src).run
+
+
+def _nvec(channels: int) -> int:
+    """Vectors per block: 4 (64 channels) when the count allows it, else 2 or 1; 0 if
+    it is not a multiple of 16."""
+    return next((v for v in (4, 2, 1) if channels % (VEC * v) == 0), 0)
+
+
+def _by_rows(problem: ConvProblem) -> bool:
+    """Whether the turned kernel (:func:`_row_driver`) holds more accumulators than the
+    one over input channels: input channels few or not a multiple of 16, output
+    channels a multiple of 16, unit column dilation."""
+    rows_ok = problem.out_channels % VEC == 0 and problem.dilation[-1] == 1
+    return rows_ok and _nvec(problem.out_channels) > _nvec(problem.in_channels)
 
 
 def _chunk(problem: ConvProblem) -> tuple[int, int]:
@@ -165,8 +220,10 @@ def _supports(problem: ConvProblem) -> str | None:
         return f"dense convs only (groups={problem.groups})"
     if problem.ndim > 2:
         return f"1-D and 2-D only (got {problem.ndim}-D)"
-    if problem.in_channels % VEC:
-        return f"input channels must be a multiple of {VEC} (got {problem.in_channels})"
+    if problem.in_channels % VEC and not _by_rows(problem):
+        return (f"input channels must be a multiple of {VEC}, or output channels a "
+                f"multiple of {VEC} at unit column dilation (got {problem.in_channels} "
+                f"and {problem.out_channels}, dilation {problem.dilation})")
     return too_large(problem, _workspace(problem), "the padded copy of x")
 
 
@@ -189,7 +246,13 @@ def blocked_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray) -> n
     sh, sw = (1,) * lead + problem.stride
     dh, dwl = (1,) * lead + problem.dilation
     imgs, rows = _chunk(problem)
-    _driver(_nvec(problem.in_channels))(
-        padded_input(x, problem), _as2d(np.ascontiguousarray(dy), problem.ndim),
-        _as2d(dw, problem.ndim), sh, sw, dh, dwl, imgs, rows, get_num_threads())
+    xp, dy4 = padded_input(x, problem), _as2d(np.ascontiguousarray(dy), problem.ndim)
+    if not _by_rows(problem):
+        _driver(_nvec(problem.in_channels))(xp, dy4, _as2d(dw, problem.ndim), sh, sw, dh,
+                                            dwl, imgs, rows, get_num_threads())
+        return dw
+    o, kh, kw, c = _as2d(dw, problem.ndim).shape
+    out = np.empty((kh, kw * c, o), np.float32)
+    _row_driver(_nvec(o))(xp, dy4, out, sh, sw, dh, imgs, rows, get_num_threads())
+    dw[...] = out.reshape(kh, kw, c, o).transpose(3, 0, 1, 2).reshape(dw.shape)
     return dw
