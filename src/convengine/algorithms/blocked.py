@@ -31,6 +31,7 @@ from numba.extending import intrinsic
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..registry import register
+from ..threads import get_num_threads
 from . import blocked_strided
 from ._common import too_large
 from ._fma import row_pointers, splat, store_rows
@@ -38,6 +39,7 @@ from ._transforms import backward_data_as_forward, backward_data_as_forward_reas
 from .weight_cache import WeightCache
 
 MR = 6  # output pixels per micro-tile (a row segment)
+TASKS_PER_THREAD = 8  # parallel tasks per thread, at least (a balanced share)
 # packed weights of recent calls (matched bit-exactly on w): packing is a strided copy
 # of every weight, about as long as a batch-1 layer's kernel. Each entry holds the
 # packed panels and a copy of w; a whole ResNet-50 takes 190 MB (380 MB with its
@@ -49,57 +51,73 @@ _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, VEC)
 
 
-def _make_ukernel(mr_rows: int, nvec: int) -> Any:
+def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False) -> Any:
     """Micro-kernel of ``mr_rows`` output pixels x ``16 * nvec`` output channels:
 
     ``ukernel(x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys)`` sets, for
     pixels ``r < mr`` and lanes ``j < 16 * nvec``,
     ``y[y_off + r * ys + j] = sum_{a<kh, b<kw, k<c} x[x_off + r*ps + a*hs + b*ws + k]
     * w[w_off + ((a * kw + b) * c + k) * 16 * nvec + j]``.
-    Pixels ``r >= mr`` recompute pixel ``mr - 1`` and are not stored.
+    Pixels ``r >= mr`` recompute pixel ``mr - 1`` and are not stored. With ``gather``
+    the pixels' input offsets come from an array instead, ``ukernel(x, offsets, hs,
+    ws, ...)``: ``x[offsets[r] + a*hs + b*ws + k]`` (pixels of several output rows).
     """
     nr = VEC * nvec
+    i = types.intp
 
-    def ukernel(typingctx, x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys):
-        i = types.intp
-        sig = types.void(x, i, i, i, i, i, i, i, w, i, i, y, i, i)
+    def codegen(context, builder, signature, args):
+        (x_t, x_v), (w_t, w_v), (y_t, y_v) = ((signature.args[k], args[k])
+                                              for k in (0, -6, -3))
+        x_arr = context.make_array(x_t)(context, builder, x_v)
+        w_arr = context.make_array(w_t)(context, builder, w_v)
+        y_arr = context.make_array(y_t)(context, builder, y_v)
+        hs_v, ws_v, kh_v, kw_v, c_v = args[-11:-6]
+        w_off_v, mr_v, _, y_off_v, ys_v = args[-5:]
+        intp = w_off_v.type
+        if gather:
+            offsets = context.make_array(signature.args[1])(context, builder, args[1]).data
+            last = builder.sub(mr_v, ir.Constant(intp, 1))
+            rows = []
+            for r in range(mr_rows):
+                rr = ir.Constant(intp, r)
+                use = builder.select(builder.icmp_signed("<", rr, mr_v), rr, last)
+                rows.append(builder.gep(x_arr.data, [builder.load(builder.gep(offsets, [use]))]))
+        else:
+            rows = row_pointers(builder, builder.gep(x_arr.data, [args[1]]), mr_rows, mr_v,
+                                args[2])
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]), "llvm.fma.v16f32")
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VF, None))
+                 for _ in range(nvec)] for _ in range(mr_rows)]
+        w_pos = cgutils.alloca_once_value(builder, builder.gep(w_arr.data, [w_off_v]))
+        with cgutils.for_range(builder, kh_v) as a_loop:
+            off_a = builder.mul(a_loop.index, hs_v)
+            with cgutils.for_range(builder, kw_v) as b_loop:
+                off_ab = builder.add(off_a, builder.mul(b_loop.index, ws_v))
+                with cgutils.for_range(builder, c_v) as k_loop:
+                    off = builder.add(off_ab, k_loop.index)
+                    wp = builder.load(w_pos)
+                    wv = [builder.load(builder.bitcast(
+                        builder.gep(wp, [ir.Constant(intp, VEC * j)]), _VF.as_pointer()),
+                        align=4) for j in range(nvec)]
+                    builder.store(builder.gep(wp, [ir.Constant(intp, nr)]), w_pos)
+                    for r in range(mr_rows):
+                        xs = builder.load(builder.gep(rows[r], [off]))
+                        xv = splat(builder, xs, _VF)
+                        for j in range(nvec):
+                            acc = accs[r][j]
+                            builder.store(builder.call(fma, [xv, wv[j], builder.load(acc)]), acc)
+        store_rows(builder, accs, builder.gep(y_arr.data, [y_off_v]), mr_v, ys_v, 4)
+        return context.get_dummy_value()
 
-        def codegen(context, builder, signature, args):
-            x_arr = context.make_array(signature.args[0])(context, builder, args[0])
-            w_arr = context.make_array(signature.args[8])(context, builder, args[8])
-            y_arr = context.make_array(signature.args[11])(context, builder, args[11])
-            (_, x_off_v, ps_v, hs_v, ws_v, kh_v, kw_v, c_v, _, w_off_v, mr_v, _,
-             y_off_v, ys_v) = args
-            intp = x_off_v.type
-            fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]), "llvm.fma.v16f32")
-            rows = row_pointers(builder, builder.gep(x_arr.data, [x_off_v]), mr_rows, mr_v, ps_v)
-            accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VF, None))
-                     for _ in range(nvec)] for _ in range(mr_rows)]
-            w_pos = cgutils.alloca_once_value(builder, builder.gep(w_arr.data, [w_off_v]))
-            with cgutils.for_range(builder, kh_v) as a_loop:
-                off_a = builder.mul(a_loop.index, hs_v)
-                with cgutils.for_range(builder, kw_v) as b_loop:
-                    off_ab = builder.add(off_a, builder.mul(b_loop.index, ws_v))
-                    with cgutils.for_range(builder, c_v) as k_loop:
-                        off = builder.add(off_ab, k_loop.index)
-                        wp = builder.load(w_pos)
-                        wv = [builder.load(builder.bitcast(
-                            builder.gep(wp, [ir.Constant(intp, VEC * j)]), _VF.as_pointer()),
-                            align=4) for j in range(nvec)]
-                        builder.store(builder.gep(wp, [ir.Constant(intp, nr)]), w_pos)
-                        for r in range(mr_rows):
-                            xs = builder.load(builder.gep(rows[r], [off]))
-                            xv = splat(builder, xs, _VF)
-                            for j in range(nvec):
-                                acc = accs[r][j]
-                                builder.store(builder.call(fma, [xv, wv[j], builder.load(acc)]), acc)
-            store_rows(builder, accs, builder.gep(y_arr.data, [y_off_v]), mr_v, ys_v, 4)
-            return context.get_dummy_value()
+    if gather:
+        def ukernel(typingctx, x, offsets, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys):
+            return types.void(x, offsets, i, i, i, i, i, w, i, i, y, i, i), codegen
+    else:
+        def ukernel(typingctx, x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys):
+            return types.void(x, i, i, i, i, i, i, i, w, i, i, y, i, i), codegen
 
-        return sig, codegen
-
-    ukernel.__name__ = f"ukernel_{mr_rows}x{nr}"
+    ukernel.__name__ = f"ukernel_{mr_rows}x{nr}{'_gather' if gather else ''}"
     return intrinsic(ukernel)
 
 
@@ -118,22 +136,64 @@ def _driver(nvec: int) -> Any:
     src.expr("ukernel", f"_make_ukernel({mr}, {nvec})")
     ukernel = None  # bound in the kernel module
 
-    def run(xp, h0, w0, wp, yf, y0, yn, yh, yw, oh_, ow_, sh, sw, dh, dw):  # noqa: PLR0913
+    def run(xp, h0, w0, wp, yf, y0, yn, yh, yw, oh_, ow_, sh, sw, dh, dw,  # noqa: PLR0913
+            per_task):
         n_, hp, wpx, c_ = xp.shape
         blocks, kh_, kw_ = wp.shape[0], wp.shape[1], wp.shape[2]
         xf, wf = xp.reshape(-1), wp.reshape(-1)
         segments = (ow_ + mr - 1) // mr
+        groups = (segments + per_task - 1) // per_task  # of segments, per output row
         wblock = kh_ * kw_ * c_ * nr
         # unit column dilation: a kernel row's taps are one contiguous run of kw * c
         taps, run_len = (1, kw_ * c_) if dw == 1 else (kw_, c_)
-        for t in prange(n_ * oh_ * blocks):
-            n, oh, ob = t // (oh_ * blocks), (t // blocks) % oh_, t % blocks
-            for s in range(segments):
+        for t in prange(n_ * oh_ * groups * blocks):
+            row, g, ob = t // (groups * blocks), (t // blocks) % groups, t % blocks
+            n, oh = row // oh_, row % oh_
+            for s in range(g * per_task, min(segments, (g + 1) * per_task)):
                 ow0 = s * mr
                 x_off = ((n * hp + h0 + oh * sh) * wpx + w0 + ow0 * sw) * c_
                 y_off = y0 + n * yn + oh * yh + ow0 * yw + ob * nr
                 ukernel(xf, x_off, sw * c_, dh * wpx * c_, dw * c_, kh_, taps, run_len,
                         wf, ob * wblock, min(mr, ow_ - ow0), yf, y_off, yw)
+
+    src.function(run, parallel=True, nogil=True)
+    return load(src).run
+
+
+@cache
+def _gather_driver(nvec: int) -> Any:
+    """The compiled forward over all ``N x OH x OW`` output pixels in micro-tiles of
+    ``MR`` consecutive pixels, which may run over the end of an output row (their
+    input offsets gathered per tile), so that short rows fill the tiles:
+    ``run(xp (N,Hp,Wp,C), wp (O/NR,KH,KW,C,NR), y (N,OH,OW,O), sh, sw, dh, dw,
+    per_task)``, each task ``per_task`` tiles of one output-channel block."""
+    mr = MR * 4 // nvec
+    nr = VEC * nvec
+    src = Source(__name__, f"blocked_gather_nr{nr}")
+    src.expr("ukernel", f"_make_ukernel({mr}, {nvec}, gather=True)")
+    ukernel = None  # bound in the kernel module
+
+    def run(xp, wp, y, sh, sw, dh, dw, per_task):  # noqa: PLR0913
+        n_, hp, wpx, c_ = xp.shape
+        _, oh_, ow_, o_ = y.shape
+        blocks, kh_, kw_ = wp.shape[0], wp.shape[1], wp.shape[2]
+        xf, wf, yf = xp.reshape(-1), wp.reshape(-1), y.reshape(-1)
+        image, pixels = oh_ * ow_, n_ * oh_ * ow_
+        tiles = (pixels + mr - 1) // mr
+        wblock = kh_ * kw_ * c_ * nr
+        # unit column dilation: a kernel row's taps are one contiguous run of kw * c
+        taps, run_len = (1, kw_ * c_) if dw == 1 else (kw_, c_)
+        for t in prange(((tiles + per_task - 1) // per_task) * blocks):
+            g, ob = t // blocks, t % blocks
+            offsets = np.empty(mr, np.intp)
+            for tile in range(g * per_task, min(tiles, (g + 1) * per_task)):
+                p0 = tile * mr
+                m = min(mr, pixels - p0)
+                for r in range(m):
+                    n, q = (p0 + r) // image, (p0 + r) % image
+                    offsets[r] = ((n * hp + (q // ow_) * sh) * wpx + (q % ow_) * sw) * c_
+                ukernel(xf, offsets, dh * wpx * c_, dw * c_, kh_, taps, run_len,
+                        wf, ob * wblock, m, yf, p0 * o_ + ob * nr, o_)
 
     src.function(run, parallel=True, nogil=True)
     return load(src).run
@@ -214,10 +274,24 @@ def _workspace(problem: ConvProblem) -> int:
 
 
 def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray) -> np.ndarray:
-    """The forward conv of x (N, *S, C) by packed weights wp (:func:`pack_weight`)."""
+    """The forward conv of x (N, *S, C) by packed weights wp (:func:`pack_weight`),
+    over all output pixels in tiles (:func:`_gather_driver`)."""
     y = np.empty(problem.y_shape("NHWC"), np.float32)
-    run_into(y, (0, 0), (1, 1), problem, padded_input(x, problem), (0, 0), wp)
+    lead = 2 - problem.ndim
+    sh, sw = (1,) * lead + problem.stride
+    dh, dw = (1,) * lead + problem.dilation
+    nvec = wp.shape[-1] // VEC
+    tiles = -(-problem.batch * math.prod(problem.out_size) // (MR * 4 // nvec))
+    _gather_driver(nvec)(padded_input(x, problem), wp, _as2d(y, problem.ndim), sh, sw, dh,
+                         dw, _per_task(tiles, wp.shape[0]))
     return y
+
+
+def _per_task(tiles: int, blocks: int) -> int:
+    """Micro-tiles per parallel task: enough tasks (``TASKS_PER_THREAD`` per thread,
+    each of one output-channel block) for a balanced share."""
+    groups = min(tiles, -(-TASKS_PER_THREAD * get_num_threads() // blocks))
+    return -(-tiles // max(1, groups))
 
 
 def run_into(out: np.ndarray, first: tuple[int, int], step: tuple[int, int],
@@ -226,16 +300,18 @@ def run_into(out: np.ndarray, first: tuple[int, int], step: tuple[int, int],
     """The forward conv of ``problem`` written into ``out`` (N, *S, O), C-contiguous:
     output pixel ``(i, j)`` to ``out[:, first[0] + i*step[0], first[1] + j*step[1]]``
     (as (row, column) of the 2-D view); the padded input ``xp`` (N, Hp, Wp, C) is read
-    from (row, column) ``origin``."""
+    from (row, column) ``origin``. Output rows are shared out among the threads, split
+    into groups of micro-tiles when they are too few (:func:`_per_task`)."""
     lead = 2 - problem.ndim
     sh, sw = (1,) * lead + problem.stride
     dh, dw = (1,) * lead + problem.dilation
     oh, ow = (1,) * lead + problem.out_size
     _, hh, ww, o = _as2d(out, problem.ndim).shape
     y0 = (first[0] * ww + first[1]) * o
-    _driver(wp.shape[-1] // VEC)(xp, origin[0], origin[1], wp, out.reshape(-1), y0,
-                                  hh * ww * o, step[0] * ww * o, step[1] * o, oh, ow,
-                                  sh, sw, dh, dw)
+    nvec = wp.shape[-1] // VEC
+    per_task = _per_task(-(-ow // (MR * 4 // nvec)), problem.batch * oh * wp.shape[0])
+    _driver(nvec)(xp, origin[0], origin[1], wp, out.reshape(-1), y0, hh * ww * o,
+                  step[0] * ww * o, step[1] * o, oh, ow, sh, sw, dh, dw, per_task)
 
 
 @register("blocked", "forward", supports=_supports, workspace_bytes=_workspace, accuracy=2,
