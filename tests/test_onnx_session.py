@@ -245,6 +245,12 @@ MS_CASES = [
      {"as": np.float32(0.02), "az": np.uint8(120), "b": i8(16, 6),
       "bs": np.linspace(0.001, 0.01, 6).astype(np.float32), "bz": np.zeros(6, np.int8)},
      {"alpha": 0.5}),
+    ("qgemm_weight_zero_points", "QGemm", {"a": u8(3, 40)},
+     {"as": np.float32(0.02), "az": np.uint8(7), "b": u8(12, 40),
+      "bs": np.linspace(0.001, 0.01, 12).astype(np.float32),
+      "bz": RNG.integers(100, 150, 12).astype(np.uint8),
+      "c": RNG.integers(-500, 500, 12).astype(np.int32), "ys": np.float32(0.3),
+      "yz": np.uint8(100)}, {"transB": 1}),
 ]
 
 

@@ -25,14 +25,16 @@ class QConvStep:
     """``step(x) -> y``: QLinearConv of NCHW-shaped uint8/int8 ``x`` (a view of
     channels-last memory) with w ``(O, C/g, *K)``; y an NCHW view of channels-last
     ``(N, *S_out, O)`` memory of ``y_zp``'s dtype. Parameters as QLinearConv's inputs
-    (scalars, or per output channel for ``w_scale``/``w_zp``), ``b`` int32 or None."""
+    (scalars, or per output channel for ``w_scale``/``w_zp``), ``b`` int32 or None.
+    Without ``y_zp``: the exact int32 accumulator (plus ``b``), as ConvInteger."""
 
-    def __init__(self, w: Array, x_scale: Array, x_zp: Array, w_scale: Array, w_zp: Array,
-                 y_scale: Array, y_zp: Array, b: Array | None, args: dict[str, Any],
-                 relu: bool) -> None:
+    def __init__(self, w: Array, x_scale: Any, x_zp: Array, w_scale: Any, w_zp: Array,
+                 b: Array | None, args: dict[str, Any], *, y_scale: Array | None = None,
+                 y_zp: Array | None = None, relu: bool = False) -> None:
         self.w_last = np.ascontiguousarray(np.moveaxis(w, 1, -1))
-        self.params = (x_scale, x_zp, w_scale, w_zp, b, y_scale, np.asarray(y_zp),
-                       np.asarray(y_zp).dtype, relu)
+        out_dtype = np.dtype(np.int32) if y_zp is None else np.asarray(y_zp).dtype
+        self.params = (x_scale, x_zp, w_scale, w_zp, b, y_scale,
+                       None if y_zp is None else np.asarray(y_zp), out_dtype, relu)
         self.args = args
         self._launches: dict[tuple[Any, ...], tuple[qapi.Plan, Launch]] = {}
 

@@ -122,6 +122,13 @@ def qgemm(a: Array, a_s: Array, a_zp: Array | None, b_centered: Array, b_s: Arra
     """com.microsoft QGemm with B given as :func:`qgemm_weight`."""
     a = a.T if int(attrs.get("transA", 0)) else a
     acc = matmul_quiet(_centered(a, a_zp).astype(np.float64), b_centered).astype(np.int32)
+    return qgemm_output(acc, a_s, b_s, c, y_s, y_zp, attrs)
+
+
+def qgemm_output(acc: Array, a_s: Array, b_s: Array, c: Array | None, y_s: Array | None,
+                 y_zp: Array | None, attrs: Mapping[str, Any]) -> Array:
+    """QGemm from its exact int32 accumulator ``(A - a_zp)(B - b_zp)``: ``+ C``, then
+    scaled by ``alpha * a_s * b_s`` in float32, requantized when ``y_s`` is given."""
     if c is not None:
         acc = acc + c.astype(np.int32)
     scale = np.float32(attrs.get("alpha", 1.0)) * a_s.astype(np.float32) \

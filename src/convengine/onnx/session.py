@@ -35,9 +35,11 @@ from .ops import (
     attributes,
     check_rank,
     conv_args,
+    to_first,
+    to_last,
 )
 from .qconvstep import QConvStep
-from .qops import MICROSOFT_OPS, QOPS, qgemm, qgemm_weight
+from .qops import MICROSOFT_OPS, QOPS, qgemm, qgemm_output, qgemm_weight
 
 DOMAINS: dict[str, dict[str, Op]] = {"": {**OPS, **QOPS}, "com.microsoft": MICROSOFT_OPS}
 
@@ -555,8 +557,8 @@ class Session:
             xs, xzp, _, ws, wzp, ys, yzp, b = params[:8]
             if xzp is None or yzp is None:
                 return self._generic(node)
-            qstep = QConvStep(w, xs, xzp, ws, wzp, ys, yzp, b, conv_args(node.attrs, w.shape),
-                              bool(node.attrs.get("_relu", False)))
+            qstep = QConvStep(w, xs, xzp, ws, wzp, b, conv_args(node.attrs, w.shape),
+                              y_scale=ys, y_zp=yzp, relu=bool(node.attrs.get("_relu", False)))
             node.inputs[1:] = [""] * (len(node.inputs) - 1)  # held by the step
 
             def run_qconv(xs: list[Any]) -> list[Array]:
@@ -565,17 +567,44 @@ class Session:
                 return [qstep(x)]
             return run_qconv
         if node.op_type == "QGemm" and node.domain == "com.microsoft" and \
-                len(node.inputs) >= 6 and all(n in c for n in node.inputs[3:6] if n):
-            b_centered = qgemm_weight(c[node.inputs[3]], c.get(node.inputs[5]),
-                                      bool(int(node.attrs.get("transB", 0))))
-            attrs = dict(node.attrs)
-            node.inputs[3] = ""  # held, centered, by the step
-
-            def run_qgemm(xs: list[Any]) -> list[Array]:
-                a, a_s, a_zp, _, b_s, _, c_, y_s, y_zp = xs + [None] * (9 - len(xs))
-                return [qgemm(np.asarray(a), a_s, a_zp, b_centered, b_s, c_, y_s, y_zp, attrs)]
-            return run_qgemm
+                len(node.inputs) >= 6 and all(n in c for n in node.inputs[1:6] if n):
+            return self._compile_qgemm(node)
         return self._generic(node)
+
+
+    def _compile_qgemm(self, node: _Node) -> Callable[[list[Any]], list[Array]]:
+        """QGemm with constant B and quantization parameters: the int32 accumulator
+        by convengine's int8 kernels, as a 1x1 conv of A ``(M, 1, 1, K)`` (8-bit A,
+        ``transA=0``), else by dgemm over B centered once; then QGemm's float32 output."""
+        c = self._consts
+        b, b_zp = c[node.inputs[3]], c.get(node.inputs[5])
+        a_zp = c.get(node.inputs[2])
+        attrs = dict(node.attrs)
+        trans_b = bool(int(attrs.get("transB", 0)))
+        node.inputs[3] = ""  # held by the step
+        if not int(attrs.get("transA", 0)) and b.dtype.itemsize == 1 and \
+                a_zp is not None and a_zp.size == 1:
+            bt = b if trans_b else b.T  # (N, K)
+            w = bt.reshape(*bt.shape, 1, 1)
+            wzp = np.zeros((), b.dtype) if b_zp is None else b_zp
+            gemm = QConvStep(w, 1.0, a_zp, 1.0, wzp, None, conv_args({}, w.shape))
+
+            def run_qgemm_int8(xs: list[Any]) -> list[Array]:
+                a, a_s, _, _, b_s, _, c_, y_s, y_zp = xs + [None] * (9 - len(xs))
+                a = np.asarray(a)
+                if a.ndim != 2 or a.dtype.itemsize != 1:
+                    raise ConvSetupError(f"QGemm needs a 2-D 8-bit A, got {a.dtype} of "
+                                         f"shape {a.shape}")
+                acc = gemm(to_first(a.reshape(a.shape[0], 1, 1, a.shape[1])))
+                return [qgemm_output(to_last(acc).reshape(a.shape[0], -1), a_s, b_s, c_, y_s,
+                                     y_zp, attrs)]
+            return run_qgemm_int8
+        b_centered = qgemm_weight(b, b_zp, trans_b)
+
+        def run_qgemm(xs: list[Any]) -> list[Array]:
+            a, a_s, a_zp, _, b_s, _, c_, y_s, y_zp = xs + [None] * (9 - len(xs))
+            return [qgemm(np.asarray(a), a_s, a_zp, b_centered, b_s, c_, y_s, y_zp, attrs)]
+        return run_qgemm
 
 
 def supported_ops() -> list[str]:
