@@ -93,7 +93,7 @@ def test_key_buckets_sizes_and_keeps_geometry_exact():
         assert tuning_key(p) != tuning_key(problem()), what
 
 
-def test_results_are_invalidated_by_version_host_threads_and_candidate_set(monkeypatch,
+def test_results_are_invalidated_by_version_code_host_threads_and_candidate_set(monkeypatch,
                                                                   count_benchmarks):
     p = problem()
     tuner.choose(p)
@@ -102,18 +102,21 @@ def test_results_are_invalidated_by_version_host_threads_and_candidate_set(monke
     monkeypatch.setattr(keys, "__version__", "999.0")
     tuner.choose(p)
     assert len(count_benchmarks) == 2
-    monkeypatch.setattr(keys, "host_signature", lambda: "another machine")
+    monkeypatch.setattr(keys, "code_digest", lambda: "changed kernels")
     tuner.choose(p)
     assert len(count_benchmarks) == 3
+    monkeypatch.setattr(keys, "host_signature", lambda: "another machine")
+    tuner.choose(p)
+    assert len(count_benchmarks) == 4
     monkeypatch.setattr(tuner.threads, "get_num_threads", lambda: 17)
     assert tuner.ident(p)[0].endswith(" T17")
     tuner.choose(p)
-    assert len(count_benchmarks) == 4
+    assert len(count_benchmarks) == 5
     new = dict(registry._REGISTRY["forward"])
     new["im2col_again"] = dataclasses.replace(new["im2col"], name="im2col_again")
     monkeypatch.setitem(registry._REGISTRY, "forward", new)
     tuner.choose(p)
-    assert len(count_benchmarks) == 5
+    assert len(count_benchmarks) == 6
 
 
 def test_host_signature_names_cpu_and_cores():

@@ -4,7 +4,9 @@ A :class:`TuningKey` keeps exact what changes the best algorithm's code path (pa
 spatial rank, layout, dtype, kernel, stride, padding, dilation, groups, bias) and
 rounds sizes up to a power of two (batch, channels, spatial), as CubeCL's
 ``anchor`` does. A stored result is valid only for the same host signature (CPU
-model, ISA features, usable cores), convengine version and candidate set.
+model, ISA features, usable cores), convengine version and code of the algorithms
+(a digest of their source files: a changed kernel is measured again) and candidate
+set.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import platform
 from dataclasses import dataclass
+from pathlib import Path
 
 from .. import registry
 from .._version import __version__
@@ -147,4 +150,17 @@ def key_text(problem: ConvProblem) -> str:
 
 
 def version() -> str:
-    return __version__
+    """convengine's version and a digest of the code that was timed."""
+    return f"{__version__}+{code_digest()}"
+
+
+@functools.cache
+def code_digest() -> str:
+    """A digest of the algorithms' modules and the threading layer, read once per
+    process: results timed on other kernels are not taken."""
+    package = Path(__file__).resolve().parent.parent
+    files = sorted((package / "algorithms").glob("*.py")) + [package / "threads.py"]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
