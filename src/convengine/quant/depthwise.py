@@ -18,7 +18,7 @@ group of three: anything) against zero weights. Weights are packed
 with ``- wzp[c] * sum_t x_t`` added through a second ``vpdpbusd`` on ones;
 ``wterm = T * wzp - sum_t w_t`` (int32 arithmetic wraps, and the true sum fits, so
 the result is exact). Mode 0 requantizes 16 channels in float32 exactly as
-``kernels._epilogue`` (see :func:`_requant_codegen`), others go through ``_epilogue``
+``kernels._epilogue`` (see :func:`requant_codegen`), others go through ``_epilogue``
 per value. Each row kernel call covers several output rows (about 32 pixels); workers take rows from an
 atomic counter; :func:`conv_depthwise_vnni_serial` is the same without threads, for
 layers below ``SERIAL_MAX_MACS``.
@@ -37,6 +37,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ._ir import LANES, VB, VF, VI, lane_mask, masked_load, masked_store, requant_codegen, splat
 from .cpu import _features
 from .kernels import _epilogue
 
@@ -45,13 +46,8 @@ MAX_TAPS = (1 << 24) // (255 * 255)  # the float kernel's exactness bound
 # parallel region (~17 us here, 2 threads) cost more than the second thread saved
 # (MobileNetV2 batch 4: 1.0M no gain, 1.7M slower, 2.7M 1.3x faster with 2 threads).
 SERIAL_MAX_MACS = 2_000_000
-LANES = 16
 HAS_VBMI = bool(_features.get("avx512vbmi"))  # vpermt2b: 64-byte two-source permutes
-_I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
-_VB = ir.VectorType(_I8, LANES)
-_VI = ir.VectorType(_I32, LANES)
-_VF = ir.VectorType(ir.FloatType(), LANES)
-_VM = ir.VectorType(_I1, LANES)
+_I8, _I32 = ir.IntType(8), ir.IntType(32)
 
 
 def pack_weights(taps: np.ndarray, wzp: np.ndarray) -> dict[str, Any]:
@@ -76,36 +72,6 @@ def pack_weights(taps: np.ndarray, wzp: np.ndarray) -> dict[str, Any]:
     wzp16 = np.zeros(c16, np.int32)
     wzp16[:chans] = wzp
     return dict(wq=wq, wterm=wterm, wzp=wzp16, has_wzp=not fits)
-
-
-def _splat(builder: ir.IRBuilder, value: ir.Value, vty: ir.VectorType) -> ir.Value:
-    undef = ir.Constant(vty, ir.Undefined)
-    v = builder.insert_element(undef, value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_I32, vty.count), None))
-
-
-def _lane_mask(builder: ir.IRBuilder, n: ir.Value) -> ir.Value:
-    """<16 x i1>: lanes i < n (n >= 16: all)."""
-    ids = ir.Constant(_VI, list(range(LANES)))
-    return builder.icmp_signed("<", ids, _splat(builder, builder.trunc(n, _I32), _VI))
-
-
-def _masked_load(builder: ir.IRBuilder, ptr: ir.Value, mask: ir.Value,
-                 passthru: ir.Value) -> ir.Value:
-    vty = passthru.type
-    fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(vty, [vty.as_pointer(), _I32, mask.type, vty]),
-        f"llvm.masked.load.v{vty.count}i{vty.element.width}.p0")
-    return builder.call(fn, [builder.bitcast(ptr, vty.as_pointer()), ir.Constant(_I32, 1), mask,
-                             passthru])
-
-
-def _masked_store(builder: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value) -> None:
-    vty = value.type
-    fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.VoidType(), [vty, vty.as_pointer(), _I32, _VM]),
-        f"llvm.masked.store.v{vty.count}i{vty.element.width}.p0")
-    builder.call(fn, [value, builder.bitcast(ptr, vty.as_pointer()), ir.Constant(_I32, 1), mask])
 
 
 def _interleave4(builder: ir.IRBuilder, rows: list[ir.Value], width: int) -> ir.Value:
@@ -196,19 +162,19 @@ def interleave_rows(typingctx, x, off, valid, fill, flip, chans, ncols, buf, bof
             rows = []
             for r in range(nrows):
                 ptr = builder.gep(x_arr.data, [builder.add(offs[r], builder.add(xcol, c))])
-                fill = _splat(builder, fills[r], vty)
+                fill = splat(builder, fills[r], vty)
                 if lanes is not None:
-                    row = _masked_load(builder, ptr, builder.select(
+                    row = masked_load(builder, ptr, builder.select(
                         oks[r], lanes, ir.Constant(lanes.type, None)), fill)
                 else:
                     got = builder.load(builder.bitcast(ptr, vty.as_pointer()), align=1)
                     row = builder.select(oks[r], got, fill)
-                rows.append(builder.xor(row, _splat(builder, flip8, vty)) if flipped else row)
+                rows.append(builder.xor(row, splat(builder, flip8, vty)) if flipped else row)
             return rows
 
         def block(xcol: ir.Value, bcol: ir.Value, c: ir.Value, width: int, masked: bool,
                   flipped: bool, three: bool, run: ir.Value) -> None:
-            lanes = _lane_mask(builder, builder.sub(run, c)) if masked else None
+            lanes = lane_mask(builder, builder.sub(run, c)) if masked else None
             rows = load_rows(xcol, c, width, 3 if three else 4, flipped, lanes)
             if three:
                 rows.append(ir.Constant(ir.VectorType(_I8, width), None))
@@ -223,7 +189,7 @@ def interleave_rows(typingctx, x, off, valid, fill, flip, chans, ncols, buf, bof
             lanes = None
             if rest is not None:
                 ids = ir.Constant(ir.VectorType(_I32, 64), list(range(64)))
-                lanes = builder.icmp_signed("<", ids, _splat(builder, builder.trunc(
+                lanes = builder.icmp_signed("<", ids, splat(builder, builder.trunc(
                     rest, _I32), ir.VectorType(_I32, 64)))
             rows = load_rows(xcol, c, 64, 3, flipped, lanes)
             dst = builder.gep(b_arr.data, [builder.add(bcol, builder.mul(c, const(4)))])
@@ -318,7 +284,7 @@ def _make_row_kernel(requant: bool) -> Any:
 
     with ``b = boff + r * rowbuf + ow * step``, go to
     ``dst[doff + (r * ow_n + ow) * dstride:][:16]``: requantized
-    (:func:`_requant_codegen`, lanes < n, 8-bit) or as int32. The 3 x 3 case
+    (:func:`requant_codegen`, lanes < n, 8-bit) or as int32. The 3 x 3 case
     (ngroups 1, kw_n 3) keeps its three weight vectors in registers."""
 
     def row_kernel(typingctx, buf, boff, tap, plane, ngroups, kw_n, step, ow_n, wq, woff, wtap,
@@ -337,28 +303,28 @@ def _make_row_kernel(requant: bool) -> Any:
              xzp_v, rows_v, nrows_v, rowbuf_v) = args
             intp = boff_v.type
             dot = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_VI, [_VI] * 3), "llvm.x86.avx512.vpdpbusd.512")
+                builder.module, ir.FunctionType(VI, [VI] * 3), "llvm.x86.avx512.vpdpbusd.512")
 
             def ones(group: ir.Value) -> ir.Value:
                 """Byte weights 1 for the kernel rows of ``group``: the fourth lane of
                 a group of three may hold anything (see :func:`interleave_rows`)."""
                 three = builder.icmp_signed(">=", builder.add(builder.mul(
                     group, ir.Constant(intp, 4)), ir.Constant(intp, 3)), rows_v)
-                return builder.select(three, ir.Constant(_VI, [0x00010101] * LANES),
-                                      ir.Constant(_VI, [0x01010101] * LANES))
+                return builder.select(three, ir.Constant(VI, [0x00010101] * LANES),
+                                      ir.Constant(VI, [0x01010101] * LANES))
             buf_p, wq_p, dst_p = arr[0].data, arr[8].data, arr[21].data
-            init = builder.mul(_load_vec(builder, arr[11].data, c_v, _VI),
-                               _splat(builder, builder.trunc(xzp_v, _I32), _VI))
-            wzp_vec = _load_vec(builder, arr[12].data, c_v, _VI)
+            init = builder.mul(_load_vec(builder, arr[11].data, c_v, VI),
+                               splat(builder, builder.trunc(xzp_v, _I32), VI))
+            wzp_vec = _load_vec(builder, arr[12].data, c_v, VI)
             if requant:
-                bias_vec = _load_vec(builder, arr[15].data, c_v, _VF)
-                mult_vec = _load_vec(builder, arr[16].data, c_v, _VF)
-                mask = _lane_mask(builder, n_v)
+                bias_vec = _load_vec(builder, arr[15].data, c_v, VF)
+                mult_vec = _load_vec(builder, arr[16].data, c_v, VF)
+                mask = lane_mask(builder, n_v)
 
             def emit(fast: bool, use_wzp: bool) -> None:
                 if fast:
                     wv = [_load_vec(builder, wq_p, builder.add(
-                        woff_v, builder.mul(wtap_v, ir.Constant(intp, k))), _VI) for k in range(3)]
+                        woff_v, builder.mul(wtap_v, ir.Constant(intp, k))), VI) for k in range(3)]
                     ones0 = ones(ir.Constant(intp, 0))
                 with cgutils.for_range(builder, nrows_v) as rl, \
                         cgutils.for_range(builder, ow_v) as ol:
@@ -366,25 +332,25 @@ def _make_row_kernel(requant: bool) -> Any:
                                        builder.mul(ol.index, step_v))
                     pixel = builder.add(builder.mul(rl.index, ow_v), ol.index)
                     if fast:
-                        acc, xs = init, ir.Constant(_VI, None)
+                        acc, xs = init, ir.Constant(VI, None)
                         for k in range(3):
                             xv = _load_vec(builder, buf_p, builder.add(
-                                base, builder.mul(tap_v, ir.Constant(intp, k))), _VI)
+                                base, builder.mul(tap_v, ir.Constant(intp, k))), VI)
                             acc = builder.call(dot, [acc, xv, wv[k]])
                             if use_wzp:
                                 xs = builder.call(dot, [xs, xv, ones0])
                     else:
                         acc_p = cgutils.alloca_once_value(builder, init)
-                        xs_p = cgutils.alloca_once_value(builder, ir.Constant(_VI, None))
+                        xs_p = cgutils.alloca_once_value(builder, ir.Constant(VI, None))
                         with cgutils.for_range(builder, ngroups_v) as gl:
                             gb = builder.add(base, builder.mul(gl.index, plane_v))
                             gw = builder.add(woff_v, builder.mul(
                                 builder.mul(gl.index, kw_v), wtap_v))
                             with cgutils.for_range(builder, kw_v) as kl:
                                 xv = _load_vec(builder, buf_p, builder.add(
-                                    gb, builder.mul(kl.index, tap_v)), _VI)
+                                    gb, builder.mul(kl.index, tap_v)), VI)
                                 wk = _load_vec(builder, wq_p, builder.add(
-                                    gw, builder.mul(kl.index, wtap_v)), _VI)
+                                    gw, builder.mul(kl.index, wtap_v)), VI)
                                 builder.store(builder.call(dot, [builder.load(acc_p), xv, wk]),
                                               acc_p)
                                 if use_wzp:
@@ -395,10 +361,10 @@ def _make_row_kernel(requant: bool) -> Any:
                         acc = builder.sub(acc, builder.mul(wzp_vec, xs))
                     at = builder.gep(dst_p, [builder.add(doff_v, builder.mul(pixel, dstride_v))])
                     if requant:
-                        q = _requant_codegen(builder, acc, bias_vec, mult_vec, qmin_v, qmax_v, zp_v)
-                        _masked_store(builder, builder.trunc(q, _VB), at, mask)
+                        q = requant_codegen(builder, acc, bias_vec, mult_vec, qmin_v, qmax_v, zp_v)
+                        masked_store(builder, builder.trunc(q, VB), at, mask)
                     else:
-                        builder.store(acc, builder.bitcast(at, _VI.as_pointer()), align=4)
+                        builder.store(acc, builder.bitcast(at, VI.as_pointer()), align=4)
 
             fast = builder.and_(builder.icmp_signed("==", ngroups_v, ir.Constant(intp, 1)),
                                 builder.icmp_signed("==", kw_v, ir.Constant(intp, 3)))
@@ -420,27 +386,6 @@ def _make_row_kernel(requant: bool) -> Any:
 
 dw_row_requant = _make_row_kernel(True)
 dw_row_acc = _make_row_kernel(False)
-
-
-def _requant_codegen(builder: ir.IRBuilder, acc: ir.Value, bias: ir.Value, mult: ir.Value,
-                     qmin: ir.Value, qmax: ir.Value, zp: ir.Value) -> ir.Value:
-    """``rint(clamp((f32(acc) + bias) * mult, lo - zp, hi - zp)) + zp`` in int32 lanes.
-
-    Equal to ``_epilogue``'s ``clamp(rint((f32(acc) + bias) * mult) + zp, lo, hi)``:
-    rint is monotonic and fixes the integers ``lo - zp`` and ``hi - zp``, so clamping
-    before or after it agrees, and inside the clamp range ``+ zp`` is exact.
-    ``vcvtps2dq`` with {rn-sae} is rint (ties to even) and the conversion in one."""
-    v = builder.fmul(builder.fadd(builder.sitofp(acc, _VF), bias), mult)
-    lo = _splat(builder, qmin, _VF)
-    hi = _splat(builder, qmax, _VF)
-    v = builder.select(builder.fcmp_ordered(">", v, lo), v, lo)
-    v = builder.select(builder.fcmp_ordered("<", v, hi), v, hi)
-    cvt = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(_VI, [_VF, _VI, _I16, _I32]),
-        "llvm.x86.avx512.mask.cvtps2dq.512")
-    q = builder.call(cvt, [v, ir.Constant(_VI, None), ir.Constant(_I16, -1),
-                           ir.Constant(_I32, 8)])
-    return builder.add(q, _splat(builder, builder.trunc(zp, _I32), _VI))
 
 
 @njit(cache=True)

@@ -1,0 +1,66 @@
+"""LLVM IR helpers shared by the int8 kernels' intrinsics: splats, lane masks, masked
+loads and stores of 16-lane vectors, and the float32 requantization of int32 lanes
+(:func:`requant_codegen`, equal to ``kernels._epilogue`` in mode 0)."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+LANES = 16
+_I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
+VB = ir.VectorType(_I8, LANES)
+VI = ir.VectorType(_I32, LANES)
+VF = ir.VectorType(ir.FloatType(), LANES)
+VM = ir.VectorType(_I1, LANES)
+
+
+def splat(builder: ir.IRBuilder, value: ir.Value, vty: ir.VectorType) -> ir.Value:
+    undef = ir.Constant(vty, ir.Undefined)
+    v = builder.insert_element(undef, value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_I32, vty.count), None))
+
+
+def lane_mask(builder: ir.IRBuilder, n: ir.Value) -> ir.Value:
+    """<16 x i1>: lanes i < n (n >= 16: all)."""
+    ids = ir.Constant(VI, list(range(LANES)))
+    return builder.icmp_signed("<", ids, splat(builder, builder.trunc(n, _I32), VI))
+
+
+def masked_load(builder: ir.IRBuilder, ptr: ir.Value, mask: ir.Value,
+                 passthru: ir.Value) -> ir.Value:
+    vty = passthru.type
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vty, [vty.as_pointer(), _I32, mask.type, vty]),
+        f"llvm.masked.load.v{vty.count}i{vty.element.width}.p0")
+    return builder.call(fn, [builder.bitcast(ptr, vty.as_pointer()), ir.Constant(_I32, 1), mask,
+                             passthru])
+
+
+def masked_store(builder: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value) -> None:
+    vty = value.type
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [vty, vty.as_pointer(), _I32, VM]),
+        f"llvm.masked.store.v{vty.count}i{vty.element.width}.p0")
+    builder.call(fn, [value, builder.bitcast(ptr, vty.as_pointer()), ir.Constant(_I32, 1), mask])
+
+
+def requant_codegen(builder: ir.IRBuilder, acc: ir.Value, bias: ir.Value, mult: ir.Value,
+                     qmin: ir.Value, qmax: ir.Value, zp: ir.Value) -> ir.Value:
+    """``rint(clamp((f32(acc) + bias) * mult, lo - zp, hi - zp)) + zp`` in int32 lanes.
+
+    Equal to ``_epilogue``'s ``clamp(rint((f32(acc) + bias) * mult) + zp, lo, hi)``:
+    rint is monotonic and fixes the integers ``lo - zp`` and ``hi - zp``, so clamping
+    before or after it agrees, and inside the clamp range ``+ zp`` is exact.
+    ``vcvtps2dq`` with {rn-sae} is rint (ties to even) and the conversion in one."""
+    v = builder.fmul(builder.fadd(builder.sitofp(acc, VF), bias), mult)
+    lo = splat(builder, qmin, VF)
+    hi = splat(builder, qmax, VF)
+    v = builder.select(builder.fcmp_ordered(">", v, lo), v, lo)
+    v = builder.select(builder.fcmp_ordered("<", v, hi), v, hi)
+    cvt = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(VI, [VF, VI, _I16, _I32]),
+        "llvm.x86.avx512.mask.cvtps2dq.512")
+    q = builder.call(cvt, [v, ir.Constant(VI, None), ir.Constant(_I16, -1),
+                           ir.Constant(_I32, 8)])
+    return builder.add(q, splat(builder, builder.trunc(zp, _I32), VI))
