@@ -10,7 +10,8 @@ weights packed as ``b[b_off + (k * 64 + col) * 4 + i]`` (layout (Kc/4, 64, 4)):
 Rows ``r >= mr`` repeat row ``mr - 1`` (their results are ignored by the caller).
 The 24 accumulators are ``<16 x i32>`` allocas that LLVM keeps in zmm registers.
 Narrow variants for narrow column blocks: ``ukernel_8x32`` and ``ukernel_12x16``
-(same arguments, 8 rows x 32 columns and 12 rows x 16 columns).
+(same arguments, 8 rows x 32 columns and 12 rows x 16 columns). ``ukernel_requant_*``
+end in the requantized 8-bit store instead (:func:`_make_ukernel_requant`).
 ``vpdpbusd`` multiplies unsigned by signed bytes and adds without saturation:
 the sum is exact modulo 2**32.
 """
@@ -23,6 +24,8 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from ._ir import VB, VF, VI, lane_mask, masked_store, requant_codegen, splat
 
 MR = 6
 NR = 64
@@ -48,51 +51,8 @@ def _make_ukernel(mr_rows: int, nvec: int) -> Any:
         sig = types.void(a, intp_t, intp_t, b, intp_t, intp_t, intp_t, c, intp_t, intp_t)
 
         def codegen(context, builder, signature, args):
-            a_arr = context.make_array(signature.args[0])(context, builder, args[0])
-            b_arr = context.make_array(signature.args[3])(context, builder, args[3])
-            c_arr = context.make_array(signature.args[7])(context, builder, args[7])
-            _, a_off_v, lda_v, _, b_off_v, kc4_v, mr_v, _, c_off_v, acc_in_v = args
-            intp = a_off_v.type
-            dot = _vpdpbusd(builder)
-            a0 = builder.gep(a_arr.data, [a_off_v])
-            rows = []
-            for r in range(mr_rows):
-                rr = ir.Constant(intp, r)
-                last = builder.sub(mr_v, ir.Constant(intp, 1))
-                use = builder.select(builder.icmp_signed("<", rr, mr_v), rr, last)
-                rows.append(builder.gep(a0, [builder.mul(use, lda_v)]))
-            b0 = builder.gep(b_arr.data, [b_off_v])
-            zero = ir.Constant(_V16, None)
-            c0 = builder.gep(c_arr.data, [c_off_v])
-            keep = builder.icmp_signed("!=", acc_in_v, ir.Constant(intp, 0))
-
-            def c_ptr(r: int, j: int) -> ir.Value:
-                return _vec_ptr(builder, builder.gep(c0, [ir.Constant(intp, r * NR + 16 * j)]))
-
-            accs = [
-                [cgutils.alloca_once_value(
-                    builder, builder.select(keep, builder.load(c_ptr(r, j), align=4), zero))
-                 for j in range(nvec)]
-                for r in range(mr_rows)
-            ]
-            with cgutils.for_range(builder, kc4_v) as loop:
-                k = loop.index
-                bk = builder.gep(b0, [builder.mul(k, ir.Constant(intp, NR * 4))])
-                bvecs = [
-                    builder.load(_vec_ptr(builder, builder.gep(bk, [ir.Constant(intp, 64 * j)])),
-                                 align=1)
-                    for j in range(nvec)
-                ]
-                k4 = builder.mul(k, ir.Constant(intp, 4))
-                for r in range(mr_rows):
-                    aptr = builder.bitcast(builder.gep(rows[r], [k4]), _I32.as_pointer())
-                    ai = builder.load(aptr, align=1)
-                    undef = ir.Constant(_V16, ir.Undefined)
-                    splat = builder.insert_element(undef, ai, ir.Constant(_I32, 0))
-                    splat = builder.shuffle_vector(splat, undef, ir.Constant(_V16, None))
-                    for j in range(nvec):
-                        cur = builder.load(accs[r][j])
-                        builder.store(builder.call(dot, [cur, splat, bvecs[j]]), accs[r][j])
+            accs = _tile_codegen(context, builder, signature, args, mr_rows, nvec)
+            c_ptr = _c_ptrs(context, builder, signature, args)
             for r in range(mr_rows):
                 for j in range(nvec):
                     builder.store(builder.load(accs[r][j]), c_ptr(r, j), align=4)
@@ -104,6 +64,128 @@ def _make_ukernel(mr_rows: int, nvec: int) -> Any:
     return intrinsic(ukernel)
 
 
+def _make_ukernel_requant(mr_rows: int, nvec: int) -> Any:
+    """The micro-kernel ending in PyTorch's float requantization (``kernels._epilogue``
+    mode 0) instead of int32 stores: rows ``r < mr``, columns ``j < ncol`` of the tile
+    go to ``out[out_off + r * ldo + j]`` (8-bit) as
+
+        q = requant(tile[r, j] + col_term[o] - wzp[o] * rows[r_off + r]),  o = o0 + j
+
+    with ``bias``, ``mult`` (float32) and ``col_term``, ``wzp`` (int32) read at ``o0``
+    in whole 16-lane vectors (the caller pads them), ``qmin``/``qmax`` the clamp less
+    the zero point ``zp``."""
+
+    def ukernel(typingctx, a, a_off, lda, b, b_off, kc4, mr, c, c_off, acc_in, out, out_off,
+                ldo, ncol, rows, r_off, col_term, wzp, bias, mult, o0, qmin, qmax, zp):
+        i = types.intp
+        sig = types.void(a, i, i, b, i, i, i, c, i, i, out, i, i, i, rows, i, col_term, wzp,
+                         bias, mult, i, types.float32, types.float32, i)
+
+        def codegen(context, builder, signature, args):
+            accs = _tile_codegen(context, builder, signature, args, mr_rows, nvec)
+            arr = {k: context.make_array(signature.args[k])(context, builder, args[k])
+                   for k in (10, 14, 16, 17, 18, 19)}
+            out_off, ldo, ncol, r_off, o0, qmin, qmax, zp = (args[k] for k in (
+                11, 12, 13, 15, 20, 21, 22, 23))
+            intp = out_off.type
+            out0 = builder.gep(arr[10].data, [out_off])
+
+            def column(k: int, j: int, vty: ir.VectorType) -> ir.Value:
+                at = builder.add(o0, ir.Constant(intp, 16 * j))
+                return builder.load(builder.bitcast(builder.gep(arr[k].data, [at]),
+                                                    vty.as_pointer()), align=4)
+
+            cols = [(column(16, j, VI), column(17, j, VI), column(18, j, VF),
+                     column(19, j, VF)) for j in range(nvec)]
+            lanes = [builder.sub(ncol, ir.Constant(intp, 16 * j)) for j in range(nvec)]
+            for r in range(mr_rows):
+                inside = builder.icmp_signed("<", ir.Constant(intp, r), args[6])
+                with builder.if_then(inside):
+                    rsum = builder.load(builder.gep(arr[14].data, [
+                        builder.add(r_off, ir.Constant(intp, r))]))
+                    rvec = splat(builder, rsum, VI)
+                    row = builder.gep(out0, [builder.mul(ldo, ir.Constant(intp, r))])
+                    for j in range(nvec):
+                        col_t, wz, bias, mult = cols[j]
+                        acc = builder.sub(builder.add(builder.load(accs[r][j]), col_t),
+                                          builder.mul(wz, rvec))
+                        q = builder.trunc(requant_codegen(builder, acc, bias, mult, qmin, qmax,
+                                                          zp), VB)
+                        ptr = builder.bitcast(builder.gep(row, [ir.Constant(intp, 16 * j)]),
+                                              VB.as_pointer())
+                        full = builder.icmp_signed(">=", lanes[j], ir.Constant(intp, 16))
+                        with builder.if_else(full) as (whole, part):
+                            with whole:
+                                builder.store(q, ptr, align=1)
+                            with part, builder.if_then(builder.icmp_signed(
+                                    ">", lanes[j], ir.Constant(intp, 0))):
+                                masked_store(builder, q, ptr, lane_mask(builder, lanes[j]))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    ukernel.__name__ = f"ukernel_requant_{mr_rows}x{16 * nvec}"
+    return intrinsic(ukernel)
+
+
+def _c_ptrs(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+    """``c_ptr(r, j)``: the <16 x i32> slot of tile row r, column vector j in ``c``."""
+    c_arr = context.make_array(signature.args[7])(context, builder, args[7])
+    intp = args[8].type
+    c0 = builder.gep(c_arr.data, [args[8]])
+    return lambda r, j: _vec_ptr(builder, builder.gep(c0, [ir.Constant(intp, r * NR + 16 * j)]))
+
+
+def _tile_codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any,
+                  mr_rows: int, nvec: int) -> list[list[ir.Value]]:
+    """The tile's K loop; returns its accumulators (allocas of <16 x i32>, [row][vector]),
+    started from ``c`` when ``acc_in`` is non-zero, else from zero."""
+    a_arr = context.make_array(signature.args[0])(context, builder, args[0])
+    b_arr = context.make_array(signature.args[3])(context, builder, args[3])
+    a_off_v, lda_v, b_off_v, kc4_v, mr_v, acc_in_v = (args[k] for k in (1, 2, 4, 5, 6, 9))
+    intp = a_off_v.type
+    dot = _vpdpbusd(builder)
+    a0 = builder.gep(a_arr.data, [a_off_v])
+    rows = []
+    for r in range(mr_rows):
+        rr = ir.Constant(intp, r)
+        last = builder.sub(mr_v, ir.Constant(intp, 1))
+        use = builder.select(builder.icmp_signed("<", rr, mr_v), rr, last)
+        rows.append(builder.gep(a0, [builder.mul(use, lda_v)]))
+    b0 = builder.gep(b_arr.data, [b_off_v])
+    zero = ir.Constant(_V16, None)
+    keep = builder.icmp_signed("!=", acc_in_v, ir.Constant(intp, 0))
+    c_ptr = _c_ptrs(context, builder, signature, args)
+    accs = [
+        [cgutils.alloca_once_value(
+            builder, builder.select(keep, builder.load(c_ptr(r, j), align=4), zero))
+         for j in range(nvec)]
+        for r in range(mr_rows)
+    ]
+    with cgutils.for_range(builder, kc4_v) as loop:
+        k = loop.index
+        bk = builder.gep(b0, [builder.mul(k, ir.Constant(intp, NR * 4))])
+        bvecs = [
+            builder.load(_vec_ptr(builder, builder.gep(bk, [ir.Constant(intp, 64 * j)])),
+                         align=1)
+            for j in range(nvec)
+        ]
+        k4 = builder.mul(k, ir.Constant(intp, 4))
+        for r in range(mr_rows):
+            aptr = builder.bitcast(builder.gep(rows[r], [k4]), _I32.as_pointer())
+            ai = builder.load(aptr, align=1)
+            undef = ir.Constant(_V16, ir.Undefined)
+            splat_a = builder.insert_element(undef, ai, ir.Constant(_I32, 0))
+            splat_a = builder.shuffle_vector(splat_a, undef, ir.Constant(_V16, None))
+            for j in range(nvec):
+                cur = builder.load(accs[r][j])
+                builder.store(builder.call(dot, [cur, splat_a, bvecs[j]]), accs[r][j])
+    return accs
+
+
 ukernel_6x64 = _make_ukernel(MR, 4)
 ukernel_8x32 = _make_ukernel(8, 2)
 ukernel_12x16 = _make_ukernel(12, 1)
+ukernel_requant_6x64 = _make_ukernel_requant(MR, 4)
+ukernel_requant_8x32 = _make_ukernel_requant(8, 2)
+ukernel_requant_12x16 = _make_ukernel_requant(12, 1)

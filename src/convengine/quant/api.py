@@ -336,6 +336,12 @@ def bind(plan: Plan, w: np.ndarray,
             kernels.conv_amx(x.view(np.uint8), *dense, direct, prows, _TILE_CONFIG, *tail, y)
         return launch_amx
     direct = _in_place(problem, 4) and flip == 0
+    pad = np.zeros(kernels.NR, np.int32)  # whole 16-lane loads past O (see conv_vnni)
+    dense = (*dense[:3], np.concatenate([dense[3], pad]), np.concatenate([dense[4], pad]),
+             *dense[5:])
+    tail = (plan.mode, np.concatenate([rq.multiplier, pad.view(np.float32)]),
+            np.concatenate([bias_f, pad.view(np.float32)]) if plan.mode == 0 else bias_f,
+            *tail[3:])
 
     def launch(x: np.ndarray, y: np.ndarray) -> None:
         prows, parts = kernels.work_split(y.shape[0], lda, y.shape[1] // groups,

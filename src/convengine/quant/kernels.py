@@ -26,7 +26,16 @@ from numba import njit, prange
 
 from ._amx import amx_32x32, amx_begin, amx_end
 from ._copy import copy_bytes
-from ._vnni import MR, NR, ukernel_6x64, ukernel_8x32, ukernel_12x16
+from ._vnni import (
+    MR,
+    NR,
+    ukernel_6x64,
+    ukernel_8x32,
+    ukernel_12x16,
+    ukernel_requant_6x64,
+    ukernel_requant_8x32,
+    ukernel_requant_12x16,
+)
 
 PANEL_ROWS = 2 * MR  # portable kernel
 PANEL_BYTES = 384 * 1024  # VNNI im2col panel: about a fifth of a 2 MiB L2
@@ -218,9 +227,14 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
     micro-kernels. For each
     64-column block the K dimension runs in chunks of ``KC4_BLOCK * 4`` bytes whose
     weights (16 KiB) stay in L1 across the panel's row blocks; int32 partial tiles of
-    the panel accumulate in ``ctile``.
+    the panel accumulate in ``ctile``. In mode 0 with unit column stride the last chunk's
+    micro-kernels requantize and store themselves (``wzp``, ``col_term``, ``mult`` and
+    ``bias_f`` then hold 64 values of padding past O); else :func:`_store_tile` does.
     """
     m_total = out.shape[0]
+    fuse = mode == 0 and out.strides[1] == 1
+    ldo = out.strides[0]
+    qmin, qmax = np.float32(lo - zp), np.float32(hi - zp)
     og = out.shape[1] // groups
     cg = x.shape[4] // groups
     lda = kc if direct else kc4 * 4
@@ -246,28 +260,63 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
             for b in range(part * nb // parts, (part + 1) * nb // parts):
                 ncol = min(NR, og - b * NR)
                 b_base = (g * nb + b) * kc4 * NR * 4
+                o0 = g * og + b * NR
                 for k0 in range(0, kc4, KC4_BLOCK):
                     kn = min(KC4_BLOCK, kc4 - k0)
                     keep = 1 if k0 > 0 else 0
-                    if ncol <= 16:
-                        for rb in range(m0, m1, 12):
-                            ukernel_12x16(a, a0 + (rb - m0) * lda + k0 * 4, lda, wp,
-                                          b_base + k0 * NR * 4, kn, min(12, m1 - rb), ctile,
-                                          (rb - m0) * NR, keep)
-                    elif ncol <= 32:
-                        for rb in range(m0, m1, 8):
-                            ukernel_8x32(a, a0 + (rb - m0) * lda + k0 * 4, lda, wp,
-                                         b_base + k0 * NR * 4, kn, min(8, m1 - rb), ctile,
-                                         (rb - m0) * NR, keep)
+                    b_off = b_base + k0 * NR * 4
+                    if fuse and k0 + KC4_BLOCK >= kc4:  # the last chunk: requantize, store
+                        _tiles_requant(a, a0 + k0 * 4, lda, wp, b_off, kn, m0, m1, ncol, ctile,
+                                       keep, out, ldo, o0, rows, col_term, wzp, bias_f, mult,
+                                       qmin, qmax, zp)
                     else:
-                        for rb in range(m0, m1, MR):
-                            ukernel_6x64(a, a0 + (rb - m0) * lda + k0 * 4, lda, wp,
-                                         b_base + k0 * NR * 4, kn, min(MR, m1 - rb), ctile,
-                                         (rb - m0) * NR, keep)
-                for rb in range(m0, m1, MR):
-                    _store_tile(ctile[(rb - m0) * NR:], min(MR, m1 - rb), ncol, rb,
-                                g * og + b * NR, rows, rb - m0, wzp, col_term, mode, mult,
-                                bias_f, bias_i, zp, lo, hi, out)
+                        _tiles(a, a0 + k0 * 4, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep)
+                if not fuse:
+                    for rb in range(m0, m1, MR):
+                        _store_tile(ctile[(rb - m0) * NR:], min(MR, m1 - rb), ncol, rb, o0,
+                                    rows, rb - m0, wzp, col_term, mode, mult, bias_f, bias_i,
+                                    zp, lo, hi, out)
+
+
+@njit(inline="always")
+def _tiles(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep):
+    """The panel's row blocks (rows m0..m1 at ``a[a0 + (m - m0) * lda]``) against one
+    K chunk of one column block, int32 into ``ctile``: the micro-kernel that fits
+    ``ncol``."""
+    if ncol <= 16:
+        for rb in range(m0, m1, 12):
+            ukernel_12x16(a, a0 + (rb - m0) * lda, lda, wp, b_off, kn, min(12, m1 - rb), ctile,
+                          (rb - m0) * NR, keep)
+    elif ncol <= 32:
+        for rb in range(m0, m1, 8):
+            ukernel_8x32(a, a0 + (rb - m0) * lda, lda, wp, b_off, kn, min(8, m1 - rb), ctile,
+                         (rb - m0) * NR, keep)
+    else:
+        for rb in range(m0, m1, MR):
+            ukernel_6x64(a, a0 + (rb - m0) * lda, lda, wp, b_off, kn, min(MR, m1 - rb), ctile,
+                         (rb - m0) * NR, keep)
+
+
+@njit(inline="always")
+def _tiles_requant(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep, out, ldo, o0, rows,
+                   col_term, wzp, bias_f, mult, qmin, qmax, zp):
+    """:func:`_tiles` for the last K chunk, requantized into ``out`` (row stride ``ldo``
+    bytes, columns from ``o0``) by the micro-kernels' own epilogue."""
+    if ncol <= 16:
+        for rb in range(m0, m1, 12):
+            ukernel_requant_12x16(a, a0 + (rb - m0) * lda, lda, wp, b_off, kn, min(12, m1 - rb),
+                                  ctile, (rb - m0) * NR, keep, out, rb * ldo + o0, ldo, ncol,
+                                  rows, rb - m0, col_term, wzp, bias_f, mult, o0, qmin, qmax, zp)
+    elif ncol <= 32:
+        for rb in range(m0, m1, 8):
+            ukernel_requant_8x32(a, a0 + (rb - m0) * lda, lda, wp, b_off, kn, min(8, m1 - rb),
+                                 ctile, (rb - m0) * NR, keep, out, rb * ldo + o0, ldo, ncol,
+                                 rows, rb - m0, col_term, wzp, bias_f, mult, o0, qmin, qmax, zp)
+    else:
+        for rb in range(m0, m1, MR):
+            ukernel_requant_6x64(a, a0 + (rb - m0) * lda, lda, wp, b_off, kn, min(MR, m1 - rb),
+                                 ctile, (rb - m0) * NR, keep, out, rb * ldo + o0, ldo, ncol,
+                                 rows, rb - m0, col_term, wzp, bias_f, mult, o0, qmin, qmax, zp)
 
 
 @njit(parallel=True, cache=True)
