@@ -6,10 +6,12 @@ folds every node whose inputs are all constants, rewrites QDQ convs
 (DequantizeLinear -> Conv [-> Relu] -> QuantizeLinear) into int8 QLinearConv and QDQ
 Add / GlobalAveragePool / MaxPool / Flatten / Reshape / Gemm into int8 forms, folds
 BatchNormalization into the preceding conv, fuses Conv + [Add] + activation into one
-step (the conv's bias, then numpy in place on its output), lays conv weights out
-channels-last once, and lists when each tensor can be freed. Activations stay
-channels-last between convs: convs return NCHW views of NHWC memory that the next
-conv reads without a copy.
+step, prepares each conv with constant weights once (:class:`ConvStep`: packed for
+the algorithm ``auto`` picks, bias + residual + activation in one compiled pass;
+:class:`QConvStep`: int8 plan and packed weights bound, ReLU in the requantization;
+QGemm through the int8 kernels) and lists when each tensor can be freed. Activations
+stay channels-last through the graph: convs, QuantizeLinear, MaxPool and QLinearAdd
+return NCHW views of NHWC memory that the next step reads without a copy.
 """
 
 from __future__ import annotations
