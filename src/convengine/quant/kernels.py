@@ -88,63 +88,61 @@ def _gather_u8(x, m, g, cg, geo, padval, buf, pos):
 
 
 @njit(inline="always")
-def _gather_spans(xflat, dims, n, od, oh, ow, g, cg, geo, padval, buf, pos):
-    """:func:`_gather_u8` for output pixel (n, od, oh, ow) of x flattened (``dims``: its
-    D, H, W, C), by runs: where a kernel row's taps lie side by side in x (ungrouped,
-    width dilation 1, the row inside the input), its ``KW * C`` bytes move in one
-    :func:`copy_bytes`; otherwise each tap's ``cg`` bytes do."""
-    d_in, h_in, w_in, chans = dims
-    kw_n, dw = geo[2], geo[11]
-    ix0 = ow * geo[5] - geo[8]
-    run = kw_n * cg
-    whole = cg == chans and dw == 1 and ix0 >= 0 and ix0 + kw_n <= w_in
-    for kd in range(geo[0]):
-        iz = od * geo[3] - geo[6] + kd * geo[9]
-        for kh in range(geo[1]):
-            iy = oh * geo[4] - geo[7] + kh * geo[10]
-            if not (0 <= iz < d_in and 0 <= iy < h_in):
-                for k in range(run):
-                    buf[np.uintp(pos + k)] = padval
-            elif whole:
-                copy_bytes(buf, pos, xflat, (((n * d_in + iz) * h_in + iy) * w_in + ix0) * chans,
-                           run)
-            else:
-                row = ((n * d_in + iz) * h_in + iy) * w_in
-                for kw in range(kw_n):
-                    ix = ix0 + kw * dw
-                    at = pos + kw * cg
-                    if 0 <= ix < w_in:
-                        copy_bytes(buf, at, xflat, (row + ix) * chans + g * cg, cg)
-                    else:
-                        for k in range(cg):
-                            buf[np.uintp(at + k)] = padval
-            pos += run
-
-
-@njit(inline="always")
 def _gather_panel(x, m0, m1, g, cg, geo, padval, flip, need_sum, kc, lda, buf, rows):
     """Rows m0..m1 of group g's im2col matrix into ``buf`` (``lda`` bytes a row, zeros
     past ``kc``, XORed with ``flip``), their byte sums into ``rows`` if ``need_sum``.
-    Output pixels are stepped through, not divided out of m."""
-    n, od, oh, ow = _decode(m0, geo)
+
+    :func:`_gather_u8`'s bytes, by output rows: the input rows each kernel row reads
+    are found once per output row, and where a pixel's window lies inside the input
+    (ungrouped, width dilation 1) each kernel row's ``KW * C`` bytes move in one
+    :func:`copy_bytes`; otherwise each tap's ``cg`` bytes do."""
     xflat = x.reshape(-1)
-    dims = (x.shape[1], x.shape[2], x.shape[3], x.shape[4])
-    for m in range(m0, m1):
-        pos = (m - m0) * lda
-        _gather_spans(xflat, dims, n, od, oh, ow, g, cg, geo, padval, buf, pos)
-        for k in range(kc, lda):
-            buf[np.uintp(pos + k)] = 0
-        rows[m - m0] = _flip_and_sum(buf, pos, kc, flip, need_sum)
-        ow += 1
-        if ow == geo[14]:
-            ow = 0
-            oh += 1
-            if oh == geo[13]:
-                oh = 0
-                od += 1
-                if od == geo[12]:
-                    od = 0
-                    n += 1
+    d_in, h_in, w_in, chans = x.shape[1], x.shape[2], x.shape[3], x.shape[4]
+    kh_n, kw_n, sw, pw, dw, ow_n = geo[1], geo[2], geo[5], geo[8], geo[11], geo[14]
+    run = kw_n * cg
+    taps = geo[0] * kh_n
+    base = np.empty(taps, np.int64)  # the flat offset of each kernel row's input row, or -1
+    n, od, oh, ow = _decode(m0, geo)
+    m = m0
+    while m < m1:
+        for t in range(taps):
+            iz = od * geo[3] - geo[6] + (t // kh_n) * geo[9]
+            iy = oh * geo[4] - geo[7] + (t % kh_n) * geo[10]
+            inside = 0 <= iz < d_in and 0 <= iy < h_in
+            base[t] = ((n * d_in + iz) * h_in + iy) * w_in * chans if inside else -1
+        seg = min(m1 - m, ow_n - ow)
+        for i in range(seg):
+            pos = (m + i - m0) * lda
+            ix0 = (ow + i) * sw - pw
+            whole = cg == chans and dw == 1 and ix0 >= 0 and ix0 + kw_n <= w_in
+            for t in range(taps):
+                at = pos + t * run
+                if base[t] < 0:
+                    for k in range(run):
+                        buf[np.uintp(at + k)] = padval
+                elif whole:
+                    copy_bytes(buf, at, xflat, base[t] + ix0 * chans, run)
+                else:
+                    for kw in range(kw_n):
+                        ix = ix0 + kw * dw
+                        if 0 <= ix < w_in:
+                            copy_bytes(buf, at, xflat, base[t] + ix * chans + g * cg, cg)
+                        else:
+                            for k in range(cg):
+                                buf[np.uintp(at + k)] = padval
+                        at += cg
+            for k in range(kc, lda):
+                buf[np.uintp(pos + k)] = 0
+            rows[m + i - m0] = _flip_and_sum(buf, pos, kc, flip, need_sum)
+        m += seg
+        ow = 0
+        oh += 1
+        if oh == geo[13]:
+            oh = 0
+            od += 1
+            if od == geo[12]:
+                od = 0
+                n += 1
 
 
 @njit(inline="always")
