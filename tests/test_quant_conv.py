@@ -329,3 +329,15 @@ def test_empty_batch():
     args, kwargs = _ok_args()
     args[0] = np.zeros((0, 4, 5, 5), np.uint8)
     assert qconv(*args, **kwargs).shape == (0, 6, 3, 3)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_nhwc_copy(dtype):
+    from convengine.quant.layout import nhwc_copy
+
+    rng = np.random.default_rng(3)
+    x = rng.integers(-128, 128, (2, 3, 5, 7)).astype(np.int16).astype(dtype)
+    view = np.moveaxis(x, 1, -1)  # NCHW memory seen as (N, H, W, C)
+    got = nhwc_copy(view)
+    assert got.flags.c_contiguous and got.dtype == x.dtype
+    assert np.array_equal(got, view)

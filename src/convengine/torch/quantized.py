@@ -19,6 +19,7 @@ from torch import nn
 from ..errors import ConvSetupError
 from ..quant import cpu
 from ..quant.api import _cached_plan, _canonical, bind
+from ..quant.layout import nhwc_copy
 
 __all__ = ["QConv2d", "replace_quantized_convs"]
 
@@ -126,6 +127,8 @@ class QConv2d(nn.Module):
         kernel, problem = bind(plan, w, x.dtype), plan.problem
 
         def launch(xv: np.ndarray, y: np.ndarray) -> None:
+            if not xv.flags.c_contiguous:  # an input that is not channels-last
+                xv = nhwc_copy(xv)
             kernel(_canonical(xv, problem), y)
 
         n, *size, o = problem.y_shape("NHWC")
