@@ -10,7 +10,8 @@ weights packed as ``b[b_off + (k * 64 + col) * 4 + i]`` (layout (Kc/4, 64, 4)):
 Rows ``r >= mr`` repeat row ``mr - 1`` (their results are ignored by the caller).
 The 24 accumulators are ``<16 x i32>`` allocas that LLVM keeps in zmm registers.
 Narrow variants for narrow column blocks: ``ukernel_8x32`` and ``ukernel_12x16``
-(same arguments, 8 rows x 32 columns and 12 rows x 16 columns). ``ukernel_requant_*``
+(same arguments, 8 rows x 32 columns and 12 rows x 16 columns); short ones for a
+panel's last rows: ``ukernel_2x64``, ``ukernel_4x64``. ``ukernel_requant_*``
 end in the requantized 8-bit store instead (:func:`_make_ukernel_requant`).
 ``vpdpbusd`` multiplies unsigned by signed bytes and adds without saturation:
 the sum is exact modulo 2**32.
@@ -183,9 +184,13 @@ def _tile_codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any
     return accs
 
 
+ukernel_2x64 = _make_ukernel(2, 4)
+ukernel_4x64 = _make_ukernel(4, 4)
 ukernel_6x64 = _make_ukernel(MR, 4)
 ukernel_8x32 = _make_ukernel(8, 2)
 ukernel_12x16 = _make_ukernel(12, 1)
+ukernel_requant_2x64 = _make_ukernel_requant(2, 4)
+ukernel_requant_4x64 = _make_ukernel_requant(4, 4)
 ukernel_requant_6x64 = _make_ukernel_requant(MR, 4)
 ukernel_requant_8x32 = _make_ukernel_requant(8, 2)
 ukernel_requant_12x16 = _make_ukernel_requant(12, 1)

@@ -29,9 +29,13 @@ from ._copy import copy_bytes
 from ._vnni import (
     MR,
     NR,
+    ukernel_2x64,
+    ukernel_4x64,
     ukernel_6x64,
     ukernel_8x32,
     ukernel_12x16,
+    ukernel_requant_2x64,
+    ukernel_requant_4x64,
     ukernel_requant_6x64,
     ukernel_requant_8x32,
     ukernel_requant_12x16,
@@ -291,8 +295,14 @@ def _tiles(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep):
                          (rb - m0) * NR, keep)
     else:
         for rb in range(m0, m1, MR):
-            ukernel_6x64(a, a0 + (rb - m0) * lda, lda, wp, b_off, kn, min(MR, m1 - rb), ctile,
-                         (rb - m0) * NR, keep)
+            mr = min(MR, m1 - rb)
+            at, c_at = a0 + (rb - m0) * lda, (rb - m0) * NR
+            if mr <= 2:  # a short last block: a shorter kernel, not 6 rows' work
+                ukernel_2x64(a, at, lda, wp, b_off, kn, mr, ctile, c_at, keep)
+            elif mr <= 4:
+                ukernel_4x64(a, at, lda, wp, b_off, kn, mr, ctile, c_at, keep)
+            else:
+                ukernel_6x64(a, at, lda, wp, b_off, kn, mr, ctile, c_at, keep)
 
 
 @njit(inline="always")
@@ -312,9 +322,20 @@ def _tiles_requant(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep, out, ld
                                  rows, rb - m0, col_term, wzp, bias_f, mult, o0, qmin, qmax, zp)
     else:
         for rb in range(m0, m1, MR):
-            ukernel_requant_6x64(a, a0 + (rb - m0) * lda, lda, wp, b_off, kn, min(MR, m1 - rb),
-                                 ctile, (rb - m0) * NR, keep, out, rb * ldo + o0, ldo, ncol,
-                                 rows, rb - m0, col_term, wzp, bias_f, mult, o0, qmin, qmax, zp)
+            mr = min(MR, m1 - rb)
+            at, c_at, o_at = a0 + (rb - m0) * lda, (rb - m0) * NR, rb * ldo + o0
+            if mr <= 2:
+                ukernel_requant_2x64(a, at, lda, wp, b_off, kn, mr, ctile, c_at, keep, out, o_at,
+                                     ldo, ncol, rows, rb - m0, col_term, wzp, bias_f, mult, o0,
+                                     qmin, qmax, zp)
+            elif mr <= 4:
+                ukernel_requant_4x64(a, at, lda, wp, b_off, kn, mr, ctile, c_at, keep, out, o_at,
+                                     ldo, ncol, rows, rb - m0, col_term, wzp, bias_f, mult, o0,
+                                     qmin, qmax, zp)
+            else:
+                ukernel_requant_6x64(a, at, lda, wp, b_off, kn, mr, ctile, c_at, keep, out, o_at,
+                                     ldo, ncol, rows, rb - m0, col_term, wzp, bias_f, mult, o0,
+                                     qmin, qmax, zp)
 
 
 @njit(parallel=True, cache=True)
