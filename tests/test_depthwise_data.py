@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import convengine as ce
-from convengine import api
+from convengine import api, memory
 from convengine.algorithms import depthwise, depthwise_data, direct
 from oracle import assert_close
 
@@ -109,16 +109,16 @@ def test_workspace_is_reported() -> None:
 
 
 @pytest.mark.parametrize("pass_", ["forward", "backward_data_stride_1", "backward_data_stride_2"])
-def test_large_outputs_are_written_into_numpy_buffers(pass_, monkeypatch) -> None:
-    """Outputs of HUGE_PAGE_BYTES or more (threshold 0 here) are views of a buffer
-    numpy allocates (huge pages), still on a cache line, same results."""
+def test_large_outputs_are_written_into_pooled_buffers(pass_, monkeypatch) -> None:
+    """Outputs of memory.MIN_BYTES or more (threshold 0 here) are views of a buffer
+    from convengine's pool, still on a cache line, same results."""
     given, allocate = [], depthwise.output_buffer
 
     def spy(count, dtype):
         given.append(allocate(count, dtype))
         return given[-1]
 
-    monkeypatch.setattr(depthwise, "HUGE_PAGE_BYTES", 0)
+    monkeypatch.setattr(memory, "MIN_BYTES", 0)
     for module in (depthwise_data, depthwise):
         monkeypatch.setattr(module, "output_buffer", spy, raising=True)
     rng = np.random.default_rng(3)

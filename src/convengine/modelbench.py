@@ -159,13 +159,15 @@ def _numpy_layers(shapes: list[dict[str, Any]], threads: int, rounds: int) -> di
             y = ce.conv(x, w, **kw)
 
     network()  # compile and tune
-    chained: list[Any] = []
-    network(chained)
     order = []
     for _ in range(rounds):
         t = time.perf_counter()
         network()
         order.append(time.perf_counter() - t)
+    # every layer's input, kept for the layers alone (only after the passes in order:
+    # a network does not hold all its activations at once)
+    chained: list[Any] = []
+    network(chained)
     alone = 0.0
     for x, (_, w, kw) in zip(chained, calls):
         times = []

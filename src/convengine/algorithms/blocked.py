@@ -28,6 +28,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .. import memory
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..registry import register
@@ -110,13 +111,13 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False) -> Any:
         store_rows(builder, accs, builder.gep(y_arr.data, [y_off_v]), mr_v, ys_v, 4)
         return context.get_dummy_value()
 
-    if gather:
-        def ukernel(typingctx, x, offsets, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys):
-            return types.void(x, offsets, i, i, i, i, i, w, i, i, y, i, i), codegen
-    else:
-        def ukernel(typingctx, x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys):
-            return types.void(x, i, i, i, i, i, i, i, w, i, i, y, i, i), codegen
+    def gathered(typingctx, x, offsets, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys):
+        return types.void(x, offsets, i, i, i, i, i, w, i, i, y, i, i), codegen
 
+    def strided(typingctx, x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys):
+        return types.void(x, i, i, i, i, i, i, i, w, i, i, y, i, i), codegen
+
+    ukernel = gathered if gather else strided
     ukernel.__name__ = f"ukernel_{mr_rows}x{nr}{'_gather' if gather else ''}"
     return intrinsic(ukernel)
 
@@ -186,12 +187,20 @@ def _gather_driver(nvec: int) -> Any:
         for t in prange(((tiles + per_task - 1) // per_task) * blocks):
             g, ob = t // blocks, t % blocks
             offsets = np.empty(mr, np.intp)
-            for tile in range(g * per_task, min(tiles, (g + 1) * per_task)):
+            first = g * per_task
+            # the output pixel (n, i, j) walked along, without a division per pixel
+            n, q = (first * mr) // image, (first * mr) % image
+            i, j = q // ow_, q % ow_
+            for tile in range(first, min(tiles, first + per_task)):
                 p0 = tile * mr
                 m = min(mr, pixels - p0)
                 for r in range(m):
-                    n, q = (p0 + r) // image, (p0 + r) % image
-                    offsets[r] = ((n * hp + (q // ow_) * sh) * wpx + (q % ow_) * sw) * c_
+                    offsets[r] = ((n * hp + i * sh) * wpx + j * sw) * c_
+                    j += 1
+                    if j == ow_:
+                        j, i = 0, i + 1
+                        if i == oh_:
+                            i, n = 0, n + 1
                 ukernel(xf, offsets, dh * wpx * c_, dw * c_, kh_, taps, run_len,
                         wf, ob * wblock, m, yf, p0 * o_ + ob * nr, o_)
 
@@ -229,7 +238,7 @@ def pad(x: np.ndarray, ndim: int, padding: tuple[tuple[int, int], ...]) -> np.nd
     pads = ((0, 0),) * (2 - ndim) + padding
     (top, bottom), (left, right) = pads
     n, h, w, c = x4.shape
-    xp = np.empty((n, h + top + bottom, w + left + right, c), x.dtype)
+    xp = memory.empty((n, h + top + bottom, w + left + right, c), x.dtype)
     _pad_rows(x4, xp, top, left)
     return xp
 
@@ -276,7 +285,7 @@ def _workspace(problem: ConvProblem) -> int:
 def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray) -> np.ndarray:
     """The forward conv of x (N, *S, C) by packed weights wp (:func:`pack_weight`),
     over all output pixels in tiles (:func:`_gather_driver`)."""
-    y = np.empty(problem.y_shape("NHWC"), np.float32)
+    y = memory.empty(problem.y_shape("NHWC"), np.float32)
     lead = 2 - problem.ndim
     sh, sw = (1,) * lead + problem.stride
     dh, dw = (1,) * lead + problem.dilation
@@ -353,7 +362,7 @@ def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.
                            lambda w: pack_weight(flipped_weight(w), problem.ndim, nr))
         return _forward(backward_data_as_forward(problem), dy, wp)
     live = blocked_strided.phases(problem)
-    dx = (np.empty if len(live) == math.prod(problem.stride) else np.zeros)(
+    dx = (memory.empty if len(live) == math.prod(problem.stride) else memory.zeros)(
         problem.x_shape("NHWC"), np.float32)
     dyp = pad(dy, problem.ndim, blocked_strided.dy_padding(problem))
     for phase in live:

@@ -39,6 +39,7 @@ from numba import njit, prange, types
 from numba.core import cgutils, cpu, options
 from numba.extending import intrinsic
 
+from .. import memory
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..threads import get_num_threads
@@ -63,9 +64,6 @@ MAX_TAPS = 9
 # ones, which the caches hold for the next reader; 0.8-0.95x on the 9 MiB output of the
 # stride-2 layer, which reads four times as much x as it writes.
 STREAMING_BYTES = 8 << 20
-# Outputs of at least this many bytes are allocated by numpy (see output_buffer): glibc's
-# largest mmap threshold, from which every call maps (and page-faults) a fresh buffer.
-HUGE_PAGE_BYTES = 32 << 20
 # Below this many multiply-adds the calling thread does it all: starting the parallel
 # region cost more than the second thread saved (b1 MobileNetV2 layers of 0.25-1.35M:
 # serial 1.3-2.3x faster, interleaved with PyTorch on a busy 2-core host).
@@ -263,14 +261,11 @@ def _cache_line_aligned(raw, n, h, w, c):
 
 def output_buffer(count: int, dtype: np.dtype) -> np.ndarray:
     """The ``raw`` buffer for :func:`_cache_line_aligned` to hold ``count`` values:
-    from numpy for outputs of HUGE_PAGE_BYTES or more, else empty (the kernel
-    allocates y). numpy advises huge pages for its buffers of 4 MiB and more; glibc maps
-    buffers of 32 MiB and more anew on every call, and a fresh 38.5 MB output then took
-    722 page faults to fill instead of 9,409 (7.7 ms instead of 16.5 single-threaded).
-    Below that glibc reuses its heap, and numpy's buffers measured 3-9% slower than
-    numba's on the batch-8 MobileNetV2 depthwise forward (12.8 and 3.6 MB outputs)."""
-    if count * dtype.itemsize >= HUGE_PAGE_BYTES:
-        return np.empty(count + VECTOR_BYTES // dtype.itemsize, dtype)
+    from :mod:`convengine.memory`'s pool for outputs of ``memory.MIN_BYTES`` or more
+    (a fresh 38.5 MB output took 9,409 page faults to fill, 16.5 ms single-threaded),
+    else empty (the kernel allocates y)."""
+    if count * dtype.itemsize >= memory.MIN_BYTES:
+        return memory.empty(count + VECTOR_BYTES // dtype.itemsize, dtype)
     empty = _NO_BUFFER.get(dtype)
     if empty is None:  # one shared empty array per dtype: the kernels only read its length
         empty = _NO_BUFFER[dtype] = np.empty(0, dtype)

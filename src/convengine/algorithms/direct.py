@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .. import memory
 from ..problem import ConvProblem
 from ..registry import register
 from . import depthwise, depthwise_data
@@ -335,7 +336,7 @@ def direct_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray
         return plan(x, w)
     geo = [v for t in _geometry(problem) for v in t]
     x5 = _as3d(x, problem.ndim)
-    y = np.empty(problem.y_shape("NHWC"), dtype=problem.compute_dtype)
+    y = memory.empty(problem.y_shape("NHWC"), dtype=problem.compute_dtype)
     y5 = _as3d(y, problem.ndim)
     if problem.in_per_group == 1:
         direct_fwd_channel(x5, _channel_weight(problem, w), y5, *geo)
@@ -354,7 +355,7 @@ def direct_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.n
         return plan(dy, w)
     geo = [v for t in _geometry(problem) for v in t]
     dy5 = _as3d(dy, problem.ndim)
-    dx = np.empty(problem.x_shape("NHWC"), dtype=problem.compute_dtype)
+    dx = memory.empty(problem.x_shape("NHWC"), dtype=problem.compute_dtype)
     dx5 = _as3d(dx, problem.ndim)
     if problem.in_per_group == 1:
         direct_bwd_data_channel(dy5, _channel_weight(problem, w), dx5, *geo)

@@ -20,6 +20,7 @@ import threading
 import numpy as np
 from numba import njit
 
+from .. import memory
 from ..problem import ConvProblem
 from ..registry import register
 from ..threads import matmul
@@ -160,7 +161,7 @@ def _grouped_weight(problem: ConvProblem, w: np.ndarray) -> np.ndarray:
 
 @register("im2col", "forward", supports=_supports, workspace_bytes=_workspace)
 def im2col_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    y = np.empty(problem.y_shape("NHWC"), x.dtype)
+    y = memory.empty(problem.y_shape("NHWC"), x.dtype)
     wg = _grouped_weight(problem, w)
     for tile in _tiles(problem):
         for g in range(problem.groups):

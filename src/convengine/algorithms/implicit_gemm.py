@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from .. import memory
 from ..problem import ConvProblem
 from ..registry import register
 from ..threads import matmul
@@ -74,7 +75,7 @@ def _windows(problem: ConvProblem, x: np.ndarray, tile: Tile):
 
 
 def _forward(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    y = np.empty(problem.y_shape("NHWC"), x.dtype)
+    y = memory.empty(problem.y_shape("NHWC"), x.dtype)
     # (O, *K, C) -> (prod(K), C, O): one (C, O) matrix per kernel position
     wk = w.reshape(problem.out_channels, -1, problem.in_channels).transpose(1, 2, 0).copy()
     for tile in _tiles(problem):

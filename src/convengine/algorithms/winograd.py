@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from numba import prange
 
-from .. import registry
+from .. import memory, registry
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..registry import register
@@ -351,7 +351,7 @@ def winograd_fwd(problem: ConvProblem, x: np.ndarray, up: np.ndarray,
     one, or the transforms overflowed)."""
     fused = kernel(problem.ndim, m, x.dtype)
     x4 = x.reshape(x.shape[0], 1, *x.shape[1:]) if problem.ndim == 1 else x
-    y = np.empty(problem.y_shape("NHWC"), dtype=x.dtype)
+    y = memory.empty(problem.y_shape("NHWC"), dtype=x.dtype)
     y4 = y.reshape(y.shape[0], 1, *y.shape[1:]) if problem.ndim == 1 else y
     pad_h = problem.padding[0][0] if problem.ndim == 2 else 0
     pad_w = problem.padding[-1][0]

@@ -1,0 +1,102 @@
+"""convengine.memory: pooled arrays come back to the pool only when nothing uses them."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+import convengine as ce
+from convengine import memory
+
+
+@pytest.fixture(autouse=True)
+def empty_pool():
+    memory.clear()
+    yield
+    memory.clear()
+
+
+def test_large_arrays_are_aligned_and_reused_after_their_last_view_dies():
+    a = memory.empty((4, 300, 300), np.float32)
+    assert a.flags.c_contiguous and a.ctypes.data % memory.ALIGN == 0
+    address, view = a.ctypes.data, a[1:3, ::2]
+    del a
+    gc.collect()
+    assert memory.free_bytes() == 0  # the view still holds the block
+    view[...] = 7
+    del view
+    assert memory.free_bytes() >= 4 * 300 * 300 * 4
+    b = memory.empty((4, 300, 300), np.float32)
+    assert b.ctypes.data == address and memory.free_bytes() == 0
+
+
+def test_small_arrays_come_from_numpy_and_dtypes_shapes_are_kept():
+    small = memory.empty((10, 10), np.float64)
+    assert small.base is None and small.shape == (10, 10)
+    big = memory.zeros(1 << 19, np.float64)
+    assert big.dtype == np.float64 and big.shape == (1 << 19,) and not big.any()
+
+
+def test_a_torch_tensor_sharing_the_memory_keeps_the_block():
+    torch = pytest.importorskip("torch")
+    a = memory.empty((1024, 1024), np.float32)
+    a[...] = 1
+    t = torch.from_numpy(a)
+    del a
+    gc.collect()
+    assert memory.free_bytes() == 0
+    reused = memory.empty((1024, 1024), np.float32)
+    reused[...] = 2  # a different block: the tensor's values stay
+    assert float(t.sum()) == 1024 * 1024
+    del t
+    assert memory.free_bytes() > 0
+
+
+def test_pickled_arrays_are_plain_copies():
+    a = memory.empty((512, 1024), np.float32)
+    a[...] = 3
+    b = pickle.loads(pickle.dumps(a))
+    del a
+    assert memory.free_bytes() > 0  # b holds a copy, not the block
+    assert float(b.sum()) == 3 * 512 * 1024
+
+
+def test_free_blocks_beyond_the_bound_are_released(monkeypatch):
+    monkeypatch.setattr(memory, "POOL_BYTES", 3 << 20)
+    arrays = [memory.empty(1 << 20, np.uint8) for _ in range(5)]
+    del arrays
+    assert memory.free_bytes() <= 3 << 20
+
+
+def test_threads_allocating_and_freeing_at_once_get_distinct_blocks():
+    errors = []
+
+    def work(k: int) -> None:
+        for i in range(50):
+            a = memory.empty((1 << 18,), np.float32)
+            a[...] = k * 1000 + i
+            if not (a == k * 1000 + i).all():
+                errors.append((k, i))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_convolution_outputs_from_the_pool_stay_correct_when_reused():
+    """Outputs reuse blocks of dropped outputs; a kept output is never overwritten."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 64, 64, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 3, 3, 64)).astype(np.float32)
+    kept = ce.conv(x, w, padding=1, layout="NHWC")
+    first = kept.copy()
+    for _ in range(3):
+        ce.conv(x, -w, padding=1, layout="NHWC")  # dropped at once: its block is reused
+    np.testing.assert_array_equal(kept, first)
