@@ -10,6 +10,7 @@ channels-last (the network's first) converts it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from torch import nn
 
 from ..errors import ConvSetupError
 from ..quant import cpu
-from ..quant.api import _cached_plan, _canonical, bind
+from ..quant.api import _cached_plan, bind
 from ..quant.layout import nhwc_copy
 
 __all__ = ["QConv2d", "replace_quantized_convs"]
@@ -91,47 +92,51 @@ class QConv2d(nn.Module):
         if input.dtype not in _INT_VIEWS or input.dim() != 4:
             raise ConvSetupError(f"input must be a 4-D quint8 or qint8 tensor (N, C, H, W), "
                                  f"got {input.dtype} of shape {tuple(input.shape)}")
-        x = _nhwc(input)
-        launch, shape = self._bound(x, input)
+        launch, shape = self._bound(input)
         out = torch._empty_affine_quantized(
             shape, scale=self.scale, zero_point=self.zero_point, dtype=input.dtype,
             memory_format=torch.channels_last)
-        y = _nhwc(out).reshape(-1, shape[1])  # a view: results land in ``out``
-        if y.size:
-            launch(x, y)
+        launch(input, out)
         return out
 
-    def _bound(self, x: np.ndarray, input: torch.Tensor) -> tuple[Any, tuple[int, ...]]:
-        """The kernel launcher for this input's shape and quantization (taking x as
-        :func:`_nhwc` gives it) and the output's NCHW shape. Bound once
-        (:func:`convengine.quant.api.bind`) and kept while the module's tensors are the
-        same objects at the same versions (PyTorch counts in-place changes) and its
-        other attributes are unchanged."""
+    def _bound(self, input: torch.Tensor) -> tuple[Any, tuple[int, ...]]:
+        """The kernel launcher for this input's shape and quantization,
+        ``launch(input, out)`` (``out`` channels-last), and the output's NCHW shape.
+        Bound once (:func:`convengine.quant.api.bind`) and kept while the module's tensors
+        are the same objects at the same versions (PyTorch counts in-place changes) and
+        its other attributes are unchanged."""
         buffers = self._buffers  # (faster than four Module.__getattr__ calls)
         tensors = (buffers["weight"], buffers["w_scale"], buffers["w_zero_point"],
                    buffers["bias"])
-        key = (x.shape, x.dtype, input.q_scale(), input.q_zero_point(), cpu.int8_path(),
-               self.algo, self.scale, self.zero_point, self.relu, self.stride, self.padding,
-               self.dilation, self.groups, *(id(t) for t in tensors),
-               *(-1 if t is None else t._version for t in tensors))
+        key = (input.shape, input.dtype, input.q_scale(), input.q_zero_point(),
+               cpu.int8_path(), self.algo, self.scale, self.zero_point, self.relu,
+               self.stride, self.padding, self.dilation, self.groups,
+               *(id(t) for t in tensors), *(-1 if t is None else t._version for t in tensors))
         bound = self.__dict__.get("_launcher")
         if bound is not None and bound[0] == key:
             return bound[2], bound[3]
-        w = _nhwc(self.weight)
+        x, w = _nhwc(input), _nhwc(self.weight)
         bias = None if self.bias is None else self.bias.numpy()
         plan = _cached_plan((
             x.shape, x.dtype, w.shape, w.dtype, input.q_scale(), input.q_zero_point(),
             self.w_scale.numpy(), self.w_zero_point.numpy(), bias, self.scale,
             self.zero_point, x.dtype, self.relu, "float", self.stride, self.padding,
             self.dilation, self.groups, "NHWC", self.algo))
-        kernel, problem = bind(plan, w, x.dtype), plan.problem
+        kernel = bind(plan, w, x.dtype)
+        n, *size, o = plan.problem.y_shape("NHWC")
+        rows = n * math.prod(size)
+        typestr = x.dtype.str
 
-        def launch(xv: np.ndarray, y: np.ndarray) -> None:
+        def launch(inp: torch.Tensor, out: torch.Tensor) -> None:
+            if rows * o == 0:
+                return
+            nb, c, h, wd = inp.shape
+            sn, sc, sh, sw = inp.stride()
+            xv = _view(inp, (nb, 1, h, wd, c), (sn, 0, sh, sw, sc), typestr)
             if not xv.flags.c_contiguous:  # an input that is not channels-last
-                xv = nhwc_copy(xv)
-            kernel(_canonical(xv, problem), y)
+                xv = nhwc_copy(xv[:, 0]).reshape(nb, 1, h, wd, c)
+            kernel(xv, _view(out, (rows, o), (o, 1), typestr))
 
-        n, *size, o = problem.y_shape("NHWC")
         # the tensors are held, so that their ids stay theirs while the entry lives
         self.__dict__["_launcher"] = (key, tensors, launch, (n, o, *size))
         return launch, (n, o, *size)
@@ -230,29 +235,35 @@ class QConv2d(nn.Module):
 def _nhwc(t: torch.Tensor) -> np.ndarray:
     """A (N, H, W, C) numpy view of an NCHW-shaped quantized or int8 tensor (its 8-bit
     values, no copy; C-contiguous when ``t`` is channels-last)."""
-    if t.is_quantized and t.numel():  # (Tensor.view(torch.uint8) keeps the quantized flag)
-        return np.asarray(_Values(t))
-    if t.is_quantized:
-        t = torch.empty(0, dtype=_INT_VIEWS[t.dtype]).set_(
-            t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+    if t.is_quantized:  # (Tensor.view(torch.uint8) keeps the quantized flag: unusable)
+        n, c, h, w = t.shape
+        sn, sc, sh, sw = t.stride()
+        return _view(t, (n, h, w, c), (sn, sh, sw, sc),
+                     "|u1" if t.dtype == torch.quint8 else "|i1")
     return t.permute(0, 2, 3, 1).numpy()
 
 
+def _view(t: torch.Tensor, shape: tuple[int, ...], strides: tuple[int, ...],
+          typestr: str) -> np.ndarray:
+    """A numpy view of the 8-bit values of quantized ``t`` with the given shape and
+    strides (in elements = bytes), through ``__array_interface__``: about 1 us, a third
+    of going through a uint8 tensor set on the same storage."""
+    if not t.numel():
+        return np.empty(shape, typestr)
+    return np.asarray(_Values(t, shape, strides, typestr))
+
+
 class _Values:
-    """A quantized (N, C, H, W) tensor's 8-bit values as numpy sees them
-    (``__array_interface__``, permuted to (N, H, W, C)); the array keeps this object,
-    and through it the tensor, alive. About 1 us, a third of going through a uint8
-    tensor set on the same storage."""
+    """The ``__array_interface__`` of :func:`_view`; the array keeps this object, and
+    through it the tensor, alive."""
 
     __slots__ = ("__array_interface__", "tensor")
 
-    def __init__(self, t: torch.Tensor) -> None:
-        n, c, h, w = t.shape
-        sn, sc, sh, sw = t.stride()
+    def __init__(self, t: torch.Tensor, shape: tuple[int, ...], strides: tuple[int, ...],
+                 typestr: str) -> None:
         self.tensor = t
-        self.__array_interface__ = {
-            "shape": (n, h, w, c), "strides": (sn, sh, sw, sc), "version": 3,
-            "typestr": "|u1" if t.dtype == torch.quint8 else "|i1", "data": (t.data_ptr(), False)}
+        self.__array_interface__ = {"shape": shape, "strides": strides, "typestr": typestr,
+                                    "data": (t.data_ptr(), False), "version": 3}
 
 
 def replace_quantized_convs(model: nn.Module, *, algo: str = "auto") -> nn.Module:
