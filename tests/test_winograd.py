@@ -257,3 +257,22 @@ def test_same_bits_sees_one_flipped_bit(size) -> None:
         b = a.copy()
         b.view(np.uint32)[i] ^= 1
         assert not weight_cache.same_bits(a, b)
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("shape", [(70, 3, 3, 20), (64, 3, 3, 64), (33, 3, 17)],
+                         ids=["o70-c20", "o64-c64", "1d"])
+def test_packed_transform_matches_the_numpy_transform(shape, m):
+    """The compiled transform-and-pack equals the float64 numpy form rounded to float32
+    (F(2x2) bit for bit; F(4x4) to one rounding), also on the flipped view."""
+    from convengine.algorithms._transforms import flipped_weight
+
+    w = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    for src, view in ((w, w), (flipped_weight(w), winograd._flipped_view(w))):
+        expected = winograd.pack_weights(winograd.weight_transform(src, m))
+        got = winograd.packed_transform(view, m)
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        if m == 2:
+            np.testing.assert_array_equal(got, expected)
+        else:
+            np.testing.assert_allclose(got, expected, rtol=2 ** -23, atol=0)

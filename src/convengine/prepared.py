@@ -28,18 +28,6 @@ from .threads import get_num_threads
 Kernel = Callable[[np.ndarray], np.ndarray]
 
 
-def winograd_panels(w: np.ndarray, m: int) -> np.ndarray:
-    """``winograd.pack_weights(winograd.weight_transform(w, m))`` one panel of output
-    channels at a time: the float64 transform of a whole 512x512 layer would take
-    four times the packed panels again, while the network's activations are alive."""
-    width = winograd.nr(w.itemsize)
-    o = w.shape[0]
-    panels = np.empty((-(-o // width), (m + 2) ** (w.ndim - 2), w.shape[-1], width), w.dtype)
-    for i, start in enumerate(range(0, o, width)):
-        panels[i] = winograd.pack_weights(winograd.weight_transform(w[start:start + width], m))[0]
-    return panels
-
-
 class PreparedConv:
     """``conv(x (N, *S, C)) -> y (N, *S_out, O)`` with constant w ``(O, *K, C/g)``
     and the keyword arguments of :func:`convengine.conv` (stride, padding, dilation,
@@ -86,7 +74,7 @@ class PreparedConv:
         self._w_users += 1
         if algo.name in select.WINOGRAD_TILE:
             m = select.WINOGRAD_TILE[algo.name]
-            up = self._pack(("winograd", m), lambda: winograd_panels(w, m))
+            up = self._pack(("winograd", m), lambda: winograd.packed_transform(w, m))
             direct = registry.get("direct", "forward")
 
             def run_winograd(x: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from .. import memory, registry
 from .._kernel_cache import Source, load
@@ -37,7 +37,7 @@ from ..registry import register
 from ..threads import get_num_threads
 from ._finite import nonfinite
 from ._fma import MR, gemm_6xnr, lanes, make_sandwich, nr  # noqa: F401  (kernel modules)
-from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_weight
+from ._transforms import backward_data_as_forward, backward_data_as_forward_reason
 from .direct import NOALIAS
 from .weight_cache import WeightCache
 
@@ -287,6 +287,55 @@ def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
                                 dtype=w.dtype)
 
 
+def packed_transform(w: np.ndarray, m: int) -> np.ndarray:
+    """``pack_weights(weight_transform(w, m))`` in one compiled pass: w (O, [3,] 3, C),
+    any strides (a flipped view too) -> (ceil(O / NR), alpha^ndim, C, NR), each
+    ``G g G^T`` summed in float64 and rounded once, the panels' padding zero. A
+    training step changes the weights on every call: the numpy form (float64 copies,
+    two tensordots, a transpose and the packing) took 12 ms a layer there."""
+    ndim = w.ndim - 2
+    _, _, gh, gw, _, _ = _matrices(ndim, m)
+    w4 = w.reshape(w.shape[0], 1, *w.shape[1:]) if ndim == 1 else w
+    o, _, _, c = w4.shape
+    width = nr(w.itemsize)
+    up = np.empty((-(-o // width), gh.shape[0] * gw.shape[0], c, width), dtype=w.dtype)
+    _transform_into(w4, gh, gw, up)
+    return up
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _transform_into(w, gh, gw, up):
+    """up[o // NR, i * aw + j, c, o % NR] = sum_kh gh[i, kh] sum_kw gw[j, kw]
+    w[o, kh, kw, c] in float64 (zero for o >= O), parallel over (panel, channel), the
+    panel's NR output channels innermost (vector lanes)."""
+    o_, kh_, kw_, c_ = w.shape
+    ah, aw = gh.shape[0], gw.shape[0]
+    panels, _, _, width = up.shape
+    for t in prange(panels * c_):
+        ob, c = t // c_, t % c_
+        taps = np.zeros((kh_, kw_, width))
+        for lane in range(min(width, o_ - ob * width)):
+            for kh in range(kh_):
+                for kw in range(kw_):
+                    taps[kh, kw, lane] = w[ob * width + lane, kh, kw, c]
+        rows = np.zeros((kh_, aw, width))
+        for kh in range(kh_):
+            for j in range(aw):
+                for kw in range(kw_):
+                    g = gw[j, kw]
+                    for lane in range(width):
+                        rows[kh, j, lane] += g * taps[kh, kw, lane]
+        for i in range(ah):
+            for j in range(aw):
+                total = np.zeros(width)
+                for kh in range(kh_):
+                    g = gh[i, kh]
+                    for lane in range(width):
+                        total[lane] += g * rows[kh, j, lane]
+                for lane in range(width):
+                    up[ob, i * aw + j, c, lane] = total[lane]
+
+
 # --------------------------------------------------------------------------- driver
 
 
@@ -365,17 +414,21 @@ def winograd_fwd(problem: ConvProblem, x: np.ndarray, up: np.ndarray,
     return None if nonfinite(check) else y
 
 
+def _flipped_view(w: np.ndarray) -> np.ndarray:
+    """``_transforms.flipped_weight`` as a view (no copy): ``(C, *K, O)`` flipped."""
+    return np.flip(np.swapaxes(w, 0, -1), axis=tuple(range(1, w.ndim - 1)))
+
+
 def _run(problem: ConvProblem, a: np.ndarray, w: np.ndarray, m: int) -> np.ndarray:
     """Forward, or backward-data as the forward conv of dy with the flipped,
     channel-swapped kernel (whose transform is cached against the unflipped w).
     NaN/inf anywhere: the direct loops, which put them where IEEE arithmetic does."""
     if problem.pass_ == "backward_data":
         u, special = WEIGHT_CACHE.get(
-            w, (m, "flipped"), lambda w: pack_weights(weight_transform(flipped_weight(w), m)))
+            w, (m, "flipped"), lambda w: packed_transform(_flipped_view(w), m))
         out = None if special else winograd_fwd(backward_data_as_forward(problem), a, u, m)
     else:
-        u, special = WEIGHT_CACHE.get(
-            w, (m, "forward"), lambda w: pack_weights(weight_transform(w, m)))
+        u, special = WEIGHT_CACHE.get(w, (m, "forward"), lambda w: packed_transform(w, m))
         out = None if special else winograd_fwd(problem, a, u, m)
     return registry.get("direct", problem.pass_).run(problem, a, w) if out is None else out
 
