@@ -7,7 +7,7 @@ folds every node whose inputs are all constants, rewrites QDQ convs
 Add / GlobalAveragePool / MaxPool / Flatten / Reshape / Gemm into int8 forms, folds
 BatchNormalization into the preceding conv, fuses Conv + [Add] + activation into one
 step, prepares each conv with constant weights once (:class:`ConvStep`: packed for
-the algorithm ``auto`` picks, bias + residual + activation in one compiled pass;
+the algorithm convengine's heuristic picks, bias + residual + activation in one compiled pass;
 :class:`QConvStep`: int8 plan and packed weights bound, ReLU in the requantization;
 QGemm through the int8 kernels) and lists when each tensor can be freed. Activations
 stay channels-last through the graph: convs, QuantizeLinear, MaxPool and QLinearAdd
