@@ -1,13 +1,11 @@
 """Short byte copies for the im2col gather: 64-byte vector moves, a masked tail.
 
 ``copy_bytes(dst, dpos, src, spos, n)`` copies ``src[spos:spos + n]`` to
-``dst[dpos:dpos + n]`` (uint8 arrays, no bounds checks, the ranges must not overlap)
-and may write anything to the 63 bytes after them: ``dst`` needs that slack, and
-the caller writes its buffer in increasing order, so later bytes overwrite it.
+``dst[dpos:dpos + n]`` (uint8 arrays, no bounds checks, the ranges must not overlap).
 A copy of 3 to 200 bytes, the kernel row of an input with few channels, costs a
 few instructions instead of a byte loop or a call to ``memcpy``: the tail's masked
-load reads no byte past ``n`` (it cannot fault at the end of ``src``), its store is a
-plain one (masked stores are slow on AMD's cores).
+load and store touch no byte past ``n`` (no fault at the end of ``src``, nothing
+written that another thread may be writing).
 """
 
 from __future__ import annotations
@@ -49,7 +47,11 @@ def copy_bytes(typingctx: Any, dst: Any, dpos: Any, src: Any, spos: Any, n: Any)
             "llvm.masked.load.v64i8.p0")
         v = builder.call(load, [builder.bitcast(builder.gep(s0, [off]), _V64.as_pointer()),
                                 ir.Constant(_I32, 1), mask, ir.Constant(_V64, None)])
-        builder.store(v, builder.bitcast(builder.gep(d0, [off]), _V64.as_pointer()), align=1)
+        store = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [_V64, _V64.as_pointer(), _I32, _M64]),
+            "llvm.masked.store.v64i8.p0")
+        builder.call(store, [v, builder.bitcast(builder.gep(d0, [off]), _V64.as_pointer()),
+                             ir.Constant(_I32, 1), mask])
         return context.get_dummy_value()
 
     return sig, codegen
