@@ -243,31 +243,20 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
     xflat = x.reshape(-1)
     need_sum = np.any(wzp != 0)
     npanel = (m_total + prows - 1) // prows
-    # column parts share one im2col matrix, gathered first by all threads together
-    shared = parts > 1 and not direct and groups == 1
-    abuf = np.empty(m_total * lda if shared else 1, np.uint8)
-    rows_all = np.zeros(m_total if shared else 1, np.int32)
-    if shared:
-        step = (m_total + parts - 1) // parts
-        for t in prange(parts):
-            r0, r1 = t * step, min(m_total, (t + 1) * step)
-            if r0 < r1:
-                _gather_panel(x, r0, r1, 0, cg, geo, xzp ^ flip, flip, need_sum, kc, lda,
-                              abuf[r0 * lda:], rows_all[r0:])
     for item in prange(npanel * parts):
         p, part = item % npanel, item // npanel
+        buf = np.empty(1 if direct else prows * lda, np.uint8)
+        rows = np.zeros(prows, np.int32)
+        ctile = np.empty((prows + 12) * NR, np.int32)  # + the tallest kernel's spill
         m0 = p * prows
         m1 = min(m_total, m0 + prows)
-        buf = np.empty(1 if direct or shared else prows * lda, np.uint8)
-        rows = rows_all[m0:] if shared else np.zeros(prows, np.int32)
-        ctile = np.empty((prows + 12) * NR, np.int32)  # + the tallest kernel's spill
-        a = xflat if direct else abuf if shared else buf
-        a0 = m0 * kc if direct else m0 * lda if shared else 0
+        a = xflat if direct else buf
+        a0 = m0 * kc if direct else 0
         for g in range(groups):
             if direct:
                 for m in range(m0, m1):
                     rows[m - m0] = _flip_and_sum(xflat, m * kc, kc, 0, need_sum)
-            elif not shared:
+            else:
                 _gather_panel(x, m0, m1, g, cg, geo, xzp ^ flip, flip, need_sum, kc, lda, buf,
                               rows)
             for b in range(part * nb // parts, (part + 1) * nb // parts):
