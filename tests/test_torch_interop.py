@@ -269,6 +269,31 @@ def test_small_cnn_trains_like_pytorch():
         assert_close(p_mine, p_ref, 1e-4, 1e-5)
 
 
+def test_training_steps_do_not_fill_the_weight_caches():
+    """A parameter whose version moves between steps is marked transient: the packed
+    weights of its steps are not stored (one entry from the first step stays), and
+    every step matches PyTorch."""
+    from convengine.algorithms import blocked, winograd
+
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3,
+                                                                             padding=1))
+    mine = cet.replace_convs(copy.deepcopy(ref))
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (ref, mine)]
+    blocked.PACKED.clear()
+    winograd.WEIGHT_CACHE.clear()
+    x = torch.randn(2, 16, 12, 12)
+    for _ in range(4):
+        for model, opt in zip((ref, mine), opts):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+        for p_ref, p_mine in zip(ref.parameters(), mine.parameters(), strict=True):
+            assert_close(p_mine, p_ref, 1e-4, 1e-5)
+    entries = len(blocked.PACKED.entries) + len(winograd.WEIGHT_CACHE.entries)
+    assert entries <= 4  # the first step's forward and backward-data entries only
+
+
 # ------------------------------------------------------------------ quantized
 
 QUANT_CASES = [

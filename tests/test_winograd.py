@@ -146,7 +146,20 @@ def test_weight_cache_is_bounded() -> None:
     for _ in range(20):
         w = rng.standard_normal((8, 3, 3, 8)).astype(np.float32)
         cache.get(w, (2, "forward"), lambda w: winograd.weight_transform(w, 2))
-    assert cache._size() <= 10_000 or len(cache.entries) == 1
+    held = sum(a.nbytes + u.nbytes for v in cache.entries.values() for a, u, _ in v)
+    assert cache.bytes == held
+    assert held <= 10_000 or len(cache.entries) == 1
+
+
+def test_transient_weights_are_computed_but_not_stored() -> None:
+    cache = weight_cache.WeightCache(max_bytes=1 << 20)
+    w = np.random.default_rng(0).standard_normal((8, 3, 3, 8)).astype(np.float32)
+    with weight_cache.transient(True):
+        u, _ = cache.get(w, (2, "forward"), lambda w: winograd.weight_transform(w, 2))
+    np.testing.assert_array_equal(u, winograd.weight_transform(w, 2))
+    assert not cache.entries and cache.bytes == 0
+    cache.get(w, (2, "forward"), lambda w: winograd.weight_transform(w, 2))
+    assert len(cache.entries) == 1
 
 
 @pytest.mark.parametrize("special", [np.nan, np.inf])
@@ -265,10 +278,10 @@ def test_same_bits_sees_one_flipped_bit(size) -> None:
 def test_packed_transform_matches_the_numpy_transform(shape, m):
     """The compiled transform-and-pack equals the float64 numpy form rounded to float32
     (F(2x2) bit for bit; F(4x4) to one rounding), also on the flipped view."""
-    from convengine.algorithms._transforms import flipped_weight
+    from convengine.algorithms._transforms import flipped_view, flipped_weight
 
     w = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
-    for src, view in ((w, w), (flipped_weight(w), winograd._flipped_view(w))):
+    for src, view in ((w, w), (flipped_weight(w), flipped_view(w))):
         expected = winograd.pack_weights(winograd.weight_transform(src, m))
         got = winograd.packed_transform(view, m)
         assert got.shape == expected.shape and got.dtype == expected.dtype

@@ -48,3 +48,8 @@ def flipped_weight(w: np.ndarray) -> np.ndarray:
     """w ``(O, *K, C)`` -> ``(C, *K, O)`` flipped in every spatial dim, contiguous."""
     spatial = tuple(range(1, w.ndim - 1))
     return np.ascontiguousarray(np.flip(np.swapaxes(w, 0, -1), axis=spatial))
+
+
+def flipped_view(w: np.ndarray) -> np.ndarray:
+    """:func:`flipped_weight` as a view, no copy (for code that reads any strides)."""
+    return np.flip(np.swapaxes(w, 0, -1), axis=tuple(range(1, w.ndim - 1)))

@@ -36,7 +36,7 @@ from ..threads import get_num_threads
 from . import blocked_strided
 from ._common import too_large
 from ._fma import row_pointers, splat, store_rows
-from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_weight
+from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_view
 from .weight_cache import WeightCache
 
 MR = 6  # output pixels per micro-tile (a row segment)
@@ -266,10 +266,27 @@ def _as2d(a: np.ndarray, ndim: int) -> np.ndarray:
 
 
 def pack_weight(w: np.ndarray, ndim: int, nr: int) -> np.ndarray:
-    """w (O, *K, C) -> (O / nr, KH, KW, C, nr), contiguous."""
-    w4 = _as2d(w, ndim)
+    """w (O, *K, C), any strides (a flipped view too) -> (O / nr, KH, KW, C, nr),
+    contiguous, by a compiled parallel copy (numpy's strided copy took several times
+    as long, on every call of a training step)."""
+    w4 = w[:, None] if ndim == 1 else w
     o, kh, kw, c = w4.shape
-    return np.ascontiguousarray(w4.reshape(o // nr, nr, kh, kw, c).transpose(0, 2, 3, 4, 1))
+    packed = np.empty((o // nr, kh, kw, c, nr), w.dtype)
+    _pack_into(w4, packed)
+    return packed
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _pack_into(w, packed):
+    """packed[o // nr, a, b, k, o % nr] = w[o, a, b, k]."""
+    blocks, kh_, kw_, c_, nr = packed.shape
+    for t in prange(blocks * kh_):
+        ob, a = t // kh_, t % kh_
+        for b in range(kw_):
+            for lane in range(nr):
+                row = w[ob * nr + lane, a, b]
+                for k in range(c_):
+                    packed[ob, a, b, k, lane] = row[k]
 
 
 def _workspace(problem: ConvProblem) -> int:
@@ -359,7 +376,7 @@ def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.
     nr = VEC * _nvec(problem.in_channels)
     if all(s == 1 for s in problem.stride):
         wp, _ = PACKED.get(w, ("flipped", problem.ndim, nr),
-                           lambda w: pack_weight(flipped_weight(w), problem.ndim, nr))
+                           lambda w: pack_weight(flipped_view(w), problem.ndim, nr))
         return _forward(backward_data_as_forward(problem), dy, wp)
     live = blocked_strided.phases(problem)
     dx = (memory.empty if len(live) == math.prod(problem.stride) else memory.zeros)(

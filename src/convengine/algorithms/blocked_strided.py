@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..problem import ConvProblem
-from ._transforms import backward_data_as_forward
+from ._transforms import backward_data_as_forward, flipped_view
 
 
 class Phase(NamedTuple):
@@ -96,11 +96,9 @@ def sub_problem(problem: ConvProblem, phase: tuple[Phase, ...]) -> ConvProblem:
 
 
 def sub_kernel(w: np.ndarray, problem: ConvProblem, phase: tuple[Phase, ...]) -> np.ndarray:
-    """w ``(O, *K, C)`` -> the phase's flipped, channel-swapped ``(C, *K_r, O)``."""
+    """w ``(O, *K, C)`` -> the phase's flipped, channel-swapped ``(C, *K_r, O)`` (a view)."""
     every_sth = tuple(slice(p.a0, None, s) for p, s in zip(phase, problem.stride))
-    sub = w[(slice(None), *every_sth, slice(None))]
-    spatial = tuple(range(1, w.ndim - 1))
-    return np.ascontiguousarray(np.flip(np.swapaxes(sub, 0, -1), axis=spatial))
+    return flipped_view(w[(slice(None), *every_sth, slice(None))])
 
 
 def placement(problem: ConvProblem, phase: tuple[Phase, ...]

@@ -2,7 +2,10 @@
 packed panels), matched bit-exactly on the weights: a model calls its convs with the
 same weights again and again, and deriving them anew each call costs a copy or more.
 Weights changed in place (a training step) miss, at the cost of comparing a few
-hundred words.
+hundred words. A caller that knows its weights change on every call (a framework
+seeing a parameter's version move between training steps) says so with
+``with transient(True):``: what is derived then is not stored (no copy of the
+weights, no entry pushing others out).
 """
 
 from __future__ import annotations
@@ -14,6 +17,25 @@ import numpy as np
 from numba import njit
 
 from ._finite import nonfinite
+
+_local = threading.local()  # .transient: the calling thread's weights change each call
+
+
+class transient:  # noqa: N801 - used as a context manager, like a function
+    """``with transient(flag):`` the weights of the calls inside change from call to
+    call (``flag`` True): derived arrays are computed but not stored."""
+
+    __slots__ = ("flag", "outer")
+
+    def __init__(self, flag: bool) -> None:
+        self.flag = flag
+
+    def __enter__(self) -> None:
+        self.outer = getattr(_local, "transient", False)
+        _local.transient = self.flag
+
+    def __exit__(self, *exc: object) -> None:
+        _local.transient = self.outer
 
 
 @njit(cache=True, nogil=True)
@@ -54,14 +76,12 @@ class WeightCache:
             OrderedDict())
         self.lock = threading.Lock()
         self.hits = self.misses = 0
+        self.bytes = 0  # held by the entries (weights and derived arrays)
 
     @staticmethod
     def _key(w: np.ndarray, kind: tuple) -> tuple:
         sample = w.reshape(-1)[:: max(1, w.size // 64)]
         return (kind, w.shape, w.dtype.str, sample.tobytes())
-
-    def _size(self) -> int:
-        return sum(a.nbytes + u.nbytes for v in self.entries.values() for a, u, _ in v)
 
     def get(self, w: np.ndarray, kind: tuple, make) -> tuple[np.ndarray, bool]:
         key = self._key(w, kind)
@@ -75,13 +95,17 @@ class WeightCache:
         special = bool(nonfinite(u))
         with self.lock:
             self.misses += 1
+            if getattr(_local, "transient", False):
+                return u, special
             self.entries.setdefault(key, []).append((w.copy(), u, special))
+            self.bytes += w.nbytes + u.nbytes
             self.entries.move_to_end(key)
-            while self._size() > self.max_bytes and len(self.entries) > 1:
-                self.entries.popitem(last=False)
+            while self.bytes > self.max_bytes and len(self.entries) > 1:
+                _, dropped = self.entries.popitem(last=False)
+                self.bytes -= sum(a.nbytes + b.nbytes for a, b, _ in dropped)
         return u, special
 
     def clear(self) -> None:
         with self.lock:
             self.entries.clear()
-            self.hits = self.misses = 0
+            self.hits = self.misses = self.bytes = 0

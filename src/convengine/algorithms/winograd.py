@@ -37,7 +37,7 @@ from ..registry import register
 from ..threads import get_num_threads
 from ._finite import nonfinite
 from ._fma import MR, gemm_6xnr, lanes, make_sandwich, nr  # noqa: F401  (kernel modules)
-from ._transforms import backward_data_as_forward, backward_data_as_forward_reason
+from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_view
 from .direct import NOALIAS
 from .weight_cache import WeightCache
 
@@ -414,18 +414,13 @@ def winograd_fwd(problem: ConvProblem, x: np.ndarray, up: np.ndarray,
     return None if nonfinite(check) else y
 
 
-def _flipped_view(w: np.ndarray) -> np.ndarray:
-    """``_transforms.flipped_weight`` as a view (no copy): ``(C, *K, O)`` flipped."""
-    return np.flip(np.swapaxes(w, 0, -1), axis=tuple(range(1, w.ndim - 1)))
-
-
 def _run(problem: ConvProblem, a: np.ndarray, w: np.ndarray, m: int) -> np.ndarray:
     """Forward, or backward-data as the forward conv of dy with the flipped,
     channel-swapped kernel (whose transform is cached against the unflipped w).
     NaN/inf anywhere: the direct loops, which put them where IEEE arithmetic does."""
     if problem.pass_ == "backward_data":
         u, special = WEIGHT_CACHE.get(
-            w, (m, "flipped"), lambda w: packed_transform(_flipped_view(w), m))
+            w, (m, "flipped"), lambda w: packed_transform(flipped_view(w), m))
         out = None if special else winograd_fwd(backward_data_as_forward(problem), a, u, m)
     else:
         u, special = WEIGHT_CACHE.get(w, (m, "forward"), lambda w: packed_transform(w, m))

@@ -10,6 +10,7 @@ gradients of.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from .. import api, gpu
+from ..algorithms.weight_cache import transient
 
 __all__ = [
     "Conv1d",
@@ -101,6 +103,31 @@ def _pairs(problem_padding: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int
     return tuple((int(lo), int(hi)) for lo, hi in problem_padding)
 
 
+# (id(weight), pass) -> (weak reference to the weight, its version at the last call)
+_VERSIONS: dict[tuple[int, str], tuple[weakref.ref, int]] = {}
+
+
+def _changing(w: torch.Tensor, pass_: str) -> bool:
+    """Whether ``w`` changed (its PyTorch version moved) since the last ``pass_`` of a
+    conv with it: a training step's parameter. Only a hint to the engine's weight
+    caches not to store what they derive from it (``weight_cache.transient``); what
+    they compute stays exact either way."""
+    key, version = (id(w), pass_), w._version
+    last = _VERSIONS.get(key)
+    if last is not None and last[0]() is w:
+        if last[1] == version:
+            return False
+        _VERSIONS[key] = (last[0], version)
+        return True
+    _VERSIONS[key] = (weakref.ref(w, lambda ref: _forget(ref, key)), version)
+    return False
+
+
+def _forget(ref: weakref.ref, key: tuple[int, str]) -> None:
+    if _VERSIONS.get(key, (None,))[0] is ref:
+        del _VERSIONS[key]
+
+
 def _conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
                   conf: dict[str, Any], layout: str) -> torch.Tensor:
     """y = conv(x, w) + b on the engine, without autograd."""
@@ -124,7 +151,8 @@ class _ConvFn(torch.autograd.Function):
         layout = _layout(x)
         ctx.save_for_backward(x, w)
         ctx.conf, ctx.layout = conf, layout  # type: ignore[attr-defined]
-        return _conv_forward(x, w, bias, conf, layout)
+        with transient(_changing(w, "forward")):
+            return _conv_forward(x, w, bias, conf, layout)
 
     @staticmethod
     @once_differentiable
@@ -141,9 +169,10 @@ class _ConvFn(torch.autograd.Function):
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             wv = _view(w, layout, "weight")
-            dx = _like(_back(api.conv_backward_data(
-                dyv, wv, _view(x, layout, "input").shape, layout=layout, algo=algo, **geom
-            ), layout), x)
+            with transient(_changing(w, "backward")):
+                dx = _like(_back(api.conv_backward_data(
+                    dyv, wv, _view(x, layout, "input").shape, layout=layout, algo=algo, **geom
+                ), layout), x)
         if ctx.needs_input_grad[1]:
             xv = _view(x, layout, "input")
             dw = _like(_back(api.conv_backward_weight(
