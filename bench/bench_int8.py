@@ -7,7 +7,9 @@ Candidates, run interleaved (A B C D A B C D ...) for ``--rounds`` rounds, media
 - ``fbgemm``, ``x86``, ``onednn``: ``torch.ops.quantized.conv2d_relu`` with weights
   prepacked per engine, channels-last input.
 
-Symmetric weights (zero points 0), the usual deployment, so x86 runs oneDNN. Threads
+Symmetric weights (zero points 0), the usual deployment, so x86 runs oneDNN. Input zero
+point 120 (``--x-zero-point 0`` for a ReLU's output, the usual input inside a network,
+where oneDNN skips its zero-point compensation and runs faster). Threads
 fixed to ``--threads`` on both sides; nothing else is set: PyTorch runs in its default
 configuration (convengine's own pool waits passively, see ``convengine.threads``).
 GOPS = 2 * multiply-adds / time. Ratios are
@@ -46,15 +48,16 @@ def _torch() -> Any:
     return torch
 
 
-def _setup(layer: suites.Layer, rng: np.random.Generator, torch: Any) -> dict[str, Any]:
-    """Operands and one zero-argument callable per candidate."""
+def _setup(layer: suites.Layer, rng: np.random.Generator, torch: Any,
+           xzp: int = 120) -> dict[str, Any]:
+    """Operands and one zero-argument callable per candidate (input zero point ``xzp``)."""
     n, c, h, w_ = layer.x
     o = layer.w[0]
     x = rng.integers(0, 256, layer.x).astype(np.uint8)
     w = rng.integers(-127, 128, layer.w).astype(np.int8)
     ws = rng.uniform(1e-3, 1e-2, o)
     bias = rng.normal(0, 1, o).astype(np.float32)
-    xs, xzp, ys, yzp = 0.02, 120, 0.1, 10
+    xs, ys, yzp = 0.02, 0.1, 10
     x_nhwc = np.ascontiguousarray(np.moveaxis(x, 1, -1))
     w_nhwc = np.ascontiguousarray(np.moveaxis(w, 1, -1))
     geo = dict(stride=layer.stride, padding=layer.padding, dilation=layer.dilation,
@@ -109,6 +112,9 @@ def main() -> None:
     ap.add_argument("--min-time", type=float, default=0.02, help="seconds per timing")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--layers", default="", help="comma-separated layer-name filter")
+    ap.add_argument("--x-zero-point", type=int, default=120,
+                    help="input zero point (0: a ReLU's output, as inside a quantized "
+                         "network, where oneDNN skips its zero-point compensation)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     torch = _torch()
@@ -119,7 +125,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows = []
     print(f"int8 path: {int8_path()}, threads {args.threads}, batch {args.batch}, "
-          f"torch {torch.__version__}")
+          f"x zero point {args.x_zero_point}, torch {torch.__version__}")
     head = f"{'layer':34s} {'GOPS ours':>9s} " + " ".join(f"{e:>7s}" for e in ENGINES)
     print(head + "   ratio vs " + "/".join(ENGINES))
     for name in args.suite.split(","):
@@ -129,7 +135,7 @@ def main() -> None:
             if layer.x[1] < 4:  # the 3-channel stem: not an int8 layer in practice
                 continue
             problem = layer.problem(dtype="uint8")
-            cands = _setup(layer, rng, torch)
+            cands = _setup(layer, rng, torch, args.x_zero_point)
             ref = cands["fbgemm"]().int_repr().numpy()
             got = np.moveaxis(cands["ours"](), -1, 1)
             depthwise = problem.is_depthwise
