@@ -289,3 +289,24 @@ def test_packed_transform_matches_the_numpy_transform(shape, m):
             np.testing.assert_array_equal(got, expected)
         else:
             np.testing.assert_allclose(got, expected, rtol=2 ** -23, atol=0)
+
+
+def test_transient_weights_need_more_tiles_for_winograd() -> None:
+    """Training steps (weights transformed anew on every call) keep Winograd for many
+    tiles only; the tuner's cached-weight timings are not consulted then."""
+    from convengine import select
+
+    def chosen(batch: int, size: int) -> str:
+        x = np.zeros((batch, size, size, 256), np.float32)
+        w = np.zeros((256, 3, 3, 256), np.float32)
+        return select.resolve(ce.explain(x, w, padding=1, layout="NHWC").problem).name
+
+    previous = ce.set_tuning("off")
+    try:
+        assert chosen(1, 7) == "winograd"
+        assert chosen(8, 28) == "winograd4"
+        with weight_cache.transient(True):
+            assert chosen(1, 7) == "blocked"
+            assert chosen(8, 28) == "winograd4"  # 392 tiles of 4x4
+    finally:
+        ce.set_tuning(previous)

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import environment, exactness, registry, threads
+from .algorithms import weight_cache
 from .errors import ConvSetupError
 from .problem import ConvProblem
 from .registry import Algorithm
@@ -39,6 +40,13 @@ PREFERENCE = (
 # 20), F(2x2) on 14x14 and 7x7 at batch 1 (1.16 ms against im2col's 3.0).
 WINOGRAD_MIN_OUTPUT = 7
 WINOGRAD4_MIN_TILES = 32
+# With transient weights (a training step's: ``weight_cache.transient``) every call
+# transforms them anew, which only enough tiles repay. Measured 2026-12-01 on
+# ResNet-50's 3x3 layers (AMD EPYC, new weights per call): F(4x4) 2.35 ms against
+# blocked's 4.08 at 8x56x56 (1,568 tiles), 1.03 against 0.67 at 1x28x28 (49 tiles),
+# 5.15 against 4.21 at 8x14x14 (128); F(2x2) 0.52 against 0.61 at 1x56x56 (784),
+# 3.96 against 4.21 at 8x14x14 (392), 6.33 against 2.5 at 1x7x7 (16).
+TRANSIENT_MIN_TILES = {2: 512, 4: 256}
 WINOGRAD_TILE = {"winograd": 2, "winograd4": 4}  # output tile per spatial dim
 DEPTHWISE_PREFERENCE = ("direct", "im2col", "reference")
 
@@ -76,6 +84,8 @@ def _enough_tiles(problem: ConvProblem, m: int) -> bool:
     if min(problem.out_size) < WINOGRAD_MIN_OUTPUT:
         return False
     tiles = problem.batch * math.prod(-(-n // m) for n in problem.out_size)
+    if weight_cache.is_transient():
+        return tiles >= TRANSIENT_MIN_TILES[m]
     return m == 2 or tiles >= WINOGRAD4_MIN_TILES
 
 
@@ -91,20 +101,22 @@ def heuristic(problem: ConvProblem) -> Algorithm:
 def settings(pass_: str) -> tuple[object, ...]:
     """Everything besides the problem that ``resolve``'s answer depends on: the
     environment variables, the tuning and exactness settings, the changes to the
-    tuning caches, the pass's registry and the thread count (part of tuning keys).
-    A remembered answer stays valid while this compares equal. It reads the other
-    modules' state directly: every Python-level call here costs 3-5 us with the
-    caches cold after a large kernel."""
+    tuning caches, the pass's registry, the thread count (part of tuning keys) and
+    whether the weights are transient. A remembered answer stays valid while this
+    compares equal. It reads the other modules' state directly: every Python-level
+    call here costs 3-5 us with the caches cold after a large kernel."""
     return (environment.snapshot(), tuner._mode, TuningCache.changes, exactness._allowed,
-            registry._REGISTRY[pass_], registry._generation, threads.get_num_threads())
+            registry._REGISTRY[pass_], registry._generation, threads.get_num_threads(),
+            weight_cache.is_transient())
 
 
 def resolve(problem: ConvProblem, algo: str = "auto") -> Algorithm:
     """The algorithm to run: ``auto`` or a forced name (ConvSetupError if it cannot)."""
     if not isinstance(algo, str):
         raise TypeError(f"algo must be a string ('auto' or an algorithm name), got {algo!r}")
-    if algo == "auto":
-        return tuner.choose(problem) or heuristic(problem)
+    if algo == "auto":  # tuned timings had the weights' derived forms cached
+        tuned = None if weight_cache.is_transient() else tuner.choose(problem)
+        return tuned or heuristic(problem)
     chosen = registry.get(algo, problem.pass_)
     reason = chosen.supports(problem)
     if reason is not None:

@@ -38,6 +38,11 @@ class transient:  # noqa: N801 - used as a context manager, like a function
         _local.transient = self.outer
 
 
+def is_transient() -> bool:
+    """Whether the calling thread is inside ``transient(True)``."""
+    return bool(getattr(_local, "transient", False))
+
+
 @njit(cache=True, nogil=True)
 def _same_words(a, b):
     """Whether two equally long 1-D unsigned-integer arrays are equal: the OR of their
@@ -95,7 +100,7 @@ class WeightCache:
         special = bool(nonfinite(u))
         with self.lock:
             self.misses += 1
-            if getattr(_local, "transient", False):
+            if is_transient():
                 return u, special
             self.entries.setdefault(key, []).append((w.copy(), u, special))
             self.bytes += w.nbytes + u.nbytes
