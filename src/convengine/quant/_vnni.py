@@ -104,12 +104,18 @@ def _make_ukernel_requant(mr_rows: int, nvec: int) -> Any:
                 with builder.if_then(inside):
                     rsum = builder.load(builder.gep(arr[14].data, [
                         builder.add(r_off, ir.Constant(intp, r))]))
-                    rvec = splat(builder, rsum, VI)
+                    # the column terms, less wzp * row sum where the row sum is not 0
+                    # (always 0 with symmetric weights: no multiplies then)
+                    terms = [cgutils.alloca_once_value(builder, cols[j][0]) for j in range(nvec)]
+                    with builder.if_then(builder.icmp_signed("!=", rsum, rsum.type(0))):
+                        rvec = splat(builder, rsum, VI)
+                        for j in range(nvec):
+                            builder.store(builder.sub(cols[j][0], builder.mul(cols[j][1], rvec)),
+                                          terms[j])
                     row = builder.gep(out0, [builder.mul(ldo, ir.Constant(intp, r))])
                     for j in range(nvec):
-                        col_t, wz, bias, mult = cols[j]
-                        acc = builder.sub(builder.add(builder.load(accs[r][j]), col_t),
-                                          builder.mul(wz, rvec))
+                        _, _, bias, mult = cols[j]
+                        acc = builder.add(builder.load(accs[r][j]), builder.load(terms[j]))
                         q = builder.trunc(requant_codegen(builder, acc, bias, mult, qmin, qmax,
                                                           zp), VB)
                         ptr = builder.bitcast(builder.gep(row, [ir.Constant(intp, 16 * j)]),
