@@ -272,21 +272,28 @@ def pack_weight(w: np.ndarray, ndim: int, nr: int) -> np.ndarray:
     w4 = w[:, None] if ndim == 1 else w
     o, kh, kw, c = w4.shape
     packed = np.empty((o // nr, kh, kw, c, nr), w.dtype)
-    _pack_into(w4, packed)
+    _pack_into(w4, packed, abs(w4.strides[0]) < abs(w4.strides[3]))
     return packed
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _pack_into(w, packed):
-    """packed[o // nr, a, b, k, o % nr] = w[o, a, b, k]."""
+def _pack_into(w, packed, lanes_inner):
+    """packed[o // nr, a, b, k, o % nr] = w[o, a, b, k], reading along w's contiguous
+    axis: k innermost, or with ``lanes_inner`` (a flipped view of w, contiguous in o)
+    the nr output channels innermost, where reads and writes both run contiguously."""
     blocks, kh_, kw_, c_, nr = packed.shape
     for t in prange(blocks * kh_):
         ob, a = t // kh_, t % kh_
         for b in range(kw_):
-            for lane in range(nr):
-                row = w[ob * nr + lane, a, b]
+            if lanes_inner:
                 for k in range(c_):
-                    packed[ob, a, b, k, lane] = row[k]
+                    for lane in range(nr):
+                        packed[ob, a, b, k, lane] = w[ob * nr + lane, a, b, k]
+            else:
+                for lane in range(nr):
+                    row = w[ob * nr + lane, a, b]
+                    for k in range(c_):
+                        packed[ob, a, b, k, lane] = row[k]
 
 
 def _workspace(problem: ConvProblem) -> int:
