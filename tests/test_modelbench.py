@@ -26,3 +26,19 @@ def test_compare_is_relative_to_the_reference_side():
 
     a = np.array([1.0, -4.0])
     assert modelbench._compare(a, a + np.array([0.0, 0.02])) == pytest.approx(0.005)
+
+
+def test_unknown_modes_are_refused_before_anything_runs():
+    import argparse
+
+    args = argparse.Namespace(modes="infer,trian", models="resnet50", batch="1",
+                              formats="cl", rounds=1, threads=1)
+    with pytest.raises(ValueError, match="unknown \\['trian'\\]"):
+        modelbench.run(args)
+
+
+def test_the_sgd_mode_updates_the_weights_each_step():
+    torch = pytest.importorskip("torch")
+    step = modelbench._build("resnet50", 1, "cl", "sgd", "torch", 1)
+    first = step().detach().clone()
+    assert not torch.equal(step().detach(), first)  # the SGD update moved the weights

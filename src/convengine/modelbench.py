@@ -14,6 +14,8 @@ Modes (``--modes``):
 - ``fused``: the same model through ``convengine.torch.optimize`` (BatchNorm folded,
   ReLU/ReLU6/residual add in the conv epilogue) against PyTorch eager.
 - ``train``: one training step (forward, ``out.float().sum().backward()``) in train mode.
+- ``sgd``: the same step followed by ``torch.optim.SGD``'s update (lr 1e-6), as a
+  training loop runs it: the weights change on every step (not in the defaults).
 - ``int8``: FX-quantized (x86 engine, per-channel weights), ours through
   ``convengine.torch.replace_quantized_convs``.
 - ``numpy``: convengine alone (no torch in its process): every conv of the model in
@@ -86,8 +88,9 @@ def _build(model: str, batch: int, fmt: str, mode: str, side: str, threads: int)
             net = cet.replace_quantized_convs(net)
     else:
         net = net.to(memory_format=memory_format)
-        net.train(mode == "train")
-        if mode != "train":
+        training = mode in ("train", "sgd")
+        net.train(training)
+        if not training:
             net.eval()
         if side == "ours":
             import convengine.torch as cet
@@ -95,11 +98,15 @@ def _build(model: str, batch: int, fmt: str, mode: str, side: str, threads: int)
             net = cet.optimize(net) if mode == "fused" else cet.replace_convs(net)
     x = x.contiguous(memory_format=memory_format)
 
-    if mode == "train":
+    if mode in ("train", "sgd"):
+        optimizer = torch.optim.SGD(net.parameters(), lr=1e-6) if mode == "sgd" else None
+
         def step() -> Any:
             net.zero_grad(set_to_none=True)
             out = net(x)
             out.float().sum().backward()
+            if optimizer is not None:
+                optimizer.step()
             return out
     else:
         def step() -> Any:
@@ -264,6 +271,9 @@ def conv_shapes(model: str, batch: int) -> list[dict[str, Any]]:
     return shapes
 
 
+MODES = ("infer", "fused", "train", "sgd", "int8", "numpy")
+
+
 def _compare(a: Any, b: Any) -> float:
     import numpy as np
 
@@ -273,6 +283,9 @@ def _compare(a: Any, b: Any) -> float:
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     modes = args.modes.split(",")
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        raise ValueError(f"--modes: unknown {unknown}; expected some of {', '.join(MODES)}")
     for model in args.models.split(","):
         for batch in (int(b) for b in args.batch.split(",")):
             if "numpy" in modes:
