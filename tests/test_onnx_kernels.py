@@ -36,17 +36,19 @@ def test_quantize_linear_into_channels_last(dtype):
     np.testing.assert_array_equal(y, _reference("QuantizeLinear", [x, scale, zp]))
 
 
+@pytest.mark.parametrize("scales", [(0.02, 0.03, 0.04), (0.02, 0.04, 0.04)],
+                         ids=["general", "ties"])  # ties: a * 0.5 lands on halves
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 @pytest.mark.parametrize("dtypes", [(np.uint8, np.uint8), (np.int8, np.uint8)])
-def test_qlinear_add_one_pass_matches_the_numpy_form(layout, dtypes):
+def test_qlinear_add_one_pass_matches_the_numpy_form(layout, dtypes, scales):
     shape = (2, 6, 5, 4)
     a = RNG.integers(0, 256, shape).astype(dtypes[0]) if dtypes[0] == np.uint8 else \
         RNG.integers(-128, 128, shape).astype(dtypes[0])
     b = RNG.integers(0, 256, shape).astype(dtypes[1])
     if layout == "channels_last":
         a, b = (to_first(np.ascontiguousarray(np.moveaxis(v, 1, -1))) for v in (a, b))
-    params = [np.float32(0.02), np.array(5, a.dtype), np.float32(0.03),
-              np.array(120, b.dtype), np.float32(0.04), np.array(128, np.uint8)]
+    params = [np.float32(scales[0]), np.array(5, a.dtype), np.float32(scales[1]),
+              np.array(120, b.dtype), np.float32(scales[2]), np.array(128, np.uint8)]
     a_s, a_zp, b_s, b_zp, c_s, c_zp = params
     (y,) = ceo.run_node(helper.make_node("QLinearAdd", [f"i{k}" for k in range(8)], ["y"],
                                          domain="com.microsoft"),
