@@ -10,9 +10,13 @@ from convengine.algorithms import blocked, blocked_weight
 from oracle import assert_close, random, reference
 
 # (id, x shape NHWC, w shape OHWI, conv args): stems, widths that are not a multiple
-# of the micro-tile, every NR width (16, 32, 48 -> 16, 64, 128), dilations that
-# break the contiguous-row shortcut, asymmetric padding, 1-D.
+# of the micro-tile, every NR width (16, 32, 48 -> 16, 64, 128), output channels that
+# are not a multiple of 16 (panels padded, output cropped), dilations that break the
+# contiguous-row shortcut, asymmetric padding, 1-D.
 CASES = [
+    ("o24-padded-panels", (2, 7, 9, 16), (24, 3, 3, 16), dict(padding=1)),
+    ("o7-1x1", (1, 5, 6, 32), (7, 1, 1, 32), {}),
+    ("o100-strided", (1, 11, 10, 8), (100, 3, 3, 8), dict(stride=2, padding=1)),
     ("resnet-stem", (2, 29, 31, 3), (64, 7, 7, 3), dict(stride=2, padding=3)),
     ("mobilenet-stem", (1, 33, 30, 3), (32, 3, 3, 3), dict(stride=2, padding=1)),
     ("o48-width-tail", (2, 7, 13, 5), (48, 3, 3, 5), dict(padding=1)),
@@ -49,7 +53,6 @@ def test_matches_torch_on_the_resnet_stem():
 
 
 @pytest.mark.parametrize(("x_shape", "w_shape", "kw", "reason"), [
-    ((1, 8, 8, 4), (24, 3, 3, 4), {}, "multiple of 16"),
     ((1, 8, 8, 4), (16, 3, 3, 2), dict(groups=2), "groups=2"),
     ((1, 4, 4, 4, 4), (16, 3, 3, 3, 4), dict(padding=1), "2-D only"),
 ])
@@ -80,6 +83,7 @@ def test_stems_choose_blocked():
 # conv's input channels, so C (here the last dim of x) must be a multiple of 16
 BWD_DATA_CASES = [
     ("3x3-pad1", (2, 9, 11, 32), (48, 3, 3, 32), dict(padding=1)),
+    ("c24-padded-panels", (2, 6, 7, 24), (32, 3, 3, 24), dict(padding=1)),
     ("1x1", (1, 7, 7, 64), (32, 1, 1, 64), {}),
     ("dilated-asym", (2, 10, 10, 16), (16, 3, 3, 16), dict(padding=(0, 2), dilation=2)),
     ("1d", (2, 20, 16), (32, 5, 16), dict(padding=2)),
@@ -132,8 +136,8 @@ def test_backward_data_refuses_strided_dilation_and_odd_channels():
                      x_shape, stride=2, dilation=2, pass_="backward_data").refused["blocked"]
     assert "dilation" in why
     x_shape, w_shape = (1, 3, 9, 9), (16, 3, 3, 3)
-    why = ce.explain(np.ones((1, 16, 9, 9), np.float32), np.ones(w_shape, np.float32),
-                     x_shape, padding=1, pass_="backward_data").refused["blocked"]
+    why = ce.explain(np.ones((1, 16, 5, 5), np.float32), np.ones(w_shape, np.float32),
+                     x_shape, padding=1, stride=2, pass_="backward_data").refused["blocked"]
     assert "multiple of 16" in why
 
 

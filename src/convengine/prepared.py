@@ -58,7 +58,7 @@ class PreparedConv:
         (:func:`convengine.algorithms.blocked.pack_weight` reordered back)."""
         if self._w is None:
             wp = next(v for k, v in self._packed.items() if k[0] == "blocked")
-            self._w = wp.transpose(0, 4, 1, 2, 3).reshape(self.w_shape)
+            self._w = blocked.unpack_weight(wp, self.w_shape)
         return self._w
 
     def _kernel(self, x: np.ndarray) -> Kernel:

@@ -141,7 +141,7 @@ class ConvStep:
         (:func:`convengine.algorithms.blocked.pack_weight` reordered back)."""
         if self._w_last is None:
             wp = next(v for k, v in self._packed.items() if k[0] == "blocked")
-            self._w_last = wp.transpose(0, 4, 1, 2, 3).reshape(self.w_shape)
+            self._w_last = blocked.unpack_weight(wp, self.w_shape)
         return self._w_last
 
     # -------------------------------------------------------------- planning
