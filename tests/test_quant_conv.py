@@ -341,3 +341,41 @@ def test_nhwc_copy(dtype):
     got = nhwc_copy(view)
     assert got.flags.c_contiguous and got.dtype == x.dtype
     assert np.array_equal(got, view)
+
+
+@pytest.mark.skipif(not HAS_VNNI, reason="the implicit-GEMM kernel is a VNNI kernel")
+@pytest.mark.parametrize("n,c,o,h,w,k,pad,threads", [
+    (1, 8, 24, 9, 13, 3, 1, 2),     # ragged width (13 = 2 x 6 + 1), O < 64
+    (2, 16, 130, 7, 7, 3, 1, 2),    # three column blocks, column parts, batch 2
+    (1, 4, 64, 6, 11, (1, 3), (0, 2), 1),
+    (1, 12, 70, 8, 9, 5, 2, 2),
+    (1, 32, 64, 5, 5, 3, 0, 2),     # no padding
+])
+def test_implicit_gemm_against_int64_reference(n, c, o, h, w, k, pad, threads, monkeypatch):
+    """Stride-1 ungrouped convs on uint8 with weight zero points 0 run conv_vnni_taps (no
+    im2col): the same bytes as the int64 reference, padding, ragged runs and all."""
+    from convengine.quant import api, kernels
+
+    monkeypatch.setattr(cpu, "int8_path", lambda: "vnni")
+    monkeypatch.setattr(api, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(api, "IMPLICIT_MIN_WIDTH", 1)  # narrow outputs too, for the test
+    calls = []
+    real = kernels.conv_vnni_taps
+    monkeypatch.setattr(kernels, "conv_vnni_taps", lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(n * c + o)
+    kk = (k, k) if isinstance(k, int) else k
+    pp = (pad, pad) if isinstance(pad, int) else pad
+    x = rng.integers(0, 256, (n, c, h, w)).astype(np.uint8)
+    wq = rng.integers(-128, 128, (o, c, *kk)).astype(np.int8)
+    ws = rng.uniform(1e-3, 2e-2, o)
+    bias = rng.normal(0, 50, o).astype(np.float32)
+    args = dict(stride=(1, 1), padding=pp, dilation=(1, 1), groups=1)
+    acc = ref_acc(x, 37, wq, np.zeros(o, np.int64), **args)
+    for relu, out_dtype in [(False, np.uint8), (True, np.int8)]:
+        want = apply_requant(np.moveaxis(acc, 1, -1).astype(np.int32),
+                             requant_params(0.02, ws, 0.7, 3, o, bias, out_dtype=out_dtype,
+                                            relu=relu), out_dtype)
+        y = qconv(x, 0.02, 37, wq, ws, 0, bias, out_scale=0.7, out_zero_point=3,
+                  out_dtype=out_dtype, relu=relu, algo="vnni", **args)
+        assert_equal_q(y, np.moveaxis(want, -1, 1), f"relu={relu}")
+    assert calls

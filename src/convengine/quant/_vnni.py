@@ -84,55 +84,102 @@ def _make_ukernel_requant(mr_rows: int, nvec: int) -> Any:
 
         def codegen(context, builder, signature, args):
             accs = _tile_codegen(context, builder, signature, args, mr_rows, nvec)
-            arr = {k: context.make_array(signature.args[k])(context, builder, args[k])
-                   for k in (10, 14, 16, 17, 18, 19)}
-            out_off, ldo, ncol, r_off, o0, qmin, qmax, zp = (args[k] for k in (
-                11, 12, 13, 15, 20, 21, 22, 23))
-            intp = out_off.type
-            out0 = builder.gep(arr[10].data, [out_off])
-
-            def column(k: int, j: int, vty: ir.VectorType) -> ir.Value:
-                at = builder.add(o0, ir.Constant(intp, 16 * j))
-                return builder.load(builder.bitcast(builder.gep(arr[k].data, [at]),
-                                                    vty.as_pointer()), align=4)
-
-            cols = [(column(16, j, VI), column(17, j, VI), column(18, j, VF),
-                     column(19, j, VF)) for j in range(nvec)]
-            lanes = [builder.sub(ncol, ir.Constant(intp, 16 * j)) for j in range(nvec)]
-            for r in range(mr_rows):
-                inside = builder.icmp_signed("<", ir.Constant(intp, r), args[6])
-                with builder.if_then(inside):
-                    rsum = builder.load(builder.gep(arr[14].data, [
-                        builder.add(r_off, ir.Constant(intp, r))]))
-                    # the column terms, less wzp * row sum where the row sum is not 0
-                    # (always 0 with symmetric weights: no multiplies then)
-                    terms = [cgutils.alloca_once_value(builder, cols[j][0]) for j in range(nvec)]
-                    with builder.if_then(builder.icmp_signed("!=", rsum, rsum.type(0))):
-                        rvec = splat(builder, rsum, VI)
-                        for j in range(nvec):
-                            builder.store(builder.sub(cols[j][0], builder.mul(cols[j][1], rvec)),
-                                          terms[j])
-                    row = builder.gep(out0, [builder.mul(ldo, ir.Constant(intp, r))])
-                    for j in range(nvec):
-                        _, _, bias, mult = cols[j]
-                        acc = builder.add(builder.load(accs[r][j]), builder.load(terms[j]))
-                        q = builder.trunc(requant_codegen(builder, acc, bias, mult, qmin, qmax,
-                                                          zp), VB)
-                        ptr = builder.bitcast(builder.gep(row, [ir.Constant(intp, 16 * j)]),
-                                              VB.as_pointer())
-                        full = builder.icmp_signed(">=", lanes[j], ir.Constant(intp, 16))
-                        with builder.if_else(full) as (whole, part):
-                            with whole:
-                                builder.store(q, ptr, align=1)
-                            with part, builder.if_then(builder.icmp_signed(
-                                    ">", lanes[j], ir.Constant(intp, 0))):
-                                masked_store(builder, q, ptr, lane_mask(builder, lanes[j]))
+            _requant_epilogue(context, builder, signature, args, accs, 6, 10)
             return context.get_dummy_value()
 
         return sig, codegen
 
     ukernel.__name__ = f"ukernel_requant_{mr_rows}x{16 * nvec}"
     return intrinsic(ukernel)
+
+
+def _make_ukernel_taps(mr_rows: int) -> Any:
+    """``mr_rows`` x 64 with the K loop over kernel taps read in place (implicit GEMM):
+    ``ukernel_taps(a, a_off, lda, b, b_off, c4n, taps, tapoff, mr, out, ...)`` sums, for
+    tap ``t < taps`` and ``k < c4n``, the 4 bytes at ``a[a_off + r * lda + tapoff[t] +
+    4k]`` against ``b[b_off + ((t * c4n + k) * 64 + col) * 4]``, from zero, then stores
+    as :func:`_make_ukernel_requant` (the arguments after ``mr`` are the same)."""
+
+    def ukernel(typingctx, a, a_off, lda, b, b_off, c4n, taps, tapoff, mr, out, out_off, ldo,
+                ncol, rows, r_off, col_term, wzp, bias, mult, o0, qmin, qmax, zp):
+        i = types.intp
+        sig = types.void(a, i, i, b, i, i, i, tapoff, i, out, i, i, i, rows, i, col_term, wzp,
+                         bias, mult, i, types.float32, types.float32, i)
+
+        def codegen(context, builder, signature, args):
+            a_arr = context.make_array(signature.args[0])(context, builder, args[0])
+            b_arr = context.make_array(signature.args[3])(context, builder, args[3])
+            t_arr = context.make_array(signature.args[7])(context, builder, args[7])
+            a_off_v, lda_v, b_off_v, c4n_v, taps_v, mr_v = (args[k] for k in (1, 2, 4, 5, 6, 8))
+            intp = a_off_v.type
+            a_rows = _row_ptrs(builder, builder.gep(a_arr.data, [a_off_v]), lda_v, mr_v, mr_rows)
+            b0 = builder.gep(b_arr.data, [b_off_v])
+            accs = [[cgutils.alloca_once_value(builder, ir.Constant(_V16, None))
+                     for _ in range(4)] for _ in range(mr_rows)]
+            with cgutils.for_range(builder, taps_v) as tl:
+                toff = builder.load(builder.gep(t_arr.data, [tl.index]))
+                rows_t = [builder.gep(p, [toff]) for p in a_rows]
+                bt = builder.gep(b0, [builder.mul(builder.mul(tl.index, c4n_v),
+                                                  ir.Constant(intp, NR * 4))])
+                _k_loop(builder, rows_t, bt, c4n_v, accs, 4)
+            _requant_epilogue(context, builder, signature, args, accs, 8, 9)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    ukernel.__name__ = f"ukernel_taps_{mr_rows}x64"
+    return intrinsic(ukernel)
+
+
+def _requant_epilogue(context: Any, builder: ir.IRBuilder, signature: Any, args: Any,
+                      accs: list[list[ir.Value]], mr_at: int, out_at: int) -> None:
+    """The requantized store of :func:`_make_ukernel_requant` for the accumulators
+    ``accs``; ``mr`` is argument ``mr_at``, ``out`` and the 13 after it start at
+    ``out_at`` (out, out_off, ldo, ncol, rows, r_off, col_term, wzp, bias, mult, o0,
+    qmin, qmax, zp)."""
+    mr_rows, nvec = len(accs), len(accs[0])
+    k = out_at
+    arr = {j: context.make_array(signature.args[k + j])(context, builder, args[k + j])
+           for j in (0, 4, 6, 7, 8, 9)}
+    out_off, ldo, ncol, r_off, o0, qmin, qmax, zp = (args[k + j] for j in (
+        1, 2, 3, 5, 10, 11, 12, 13))
+    intp = out_off.type
+    out0 = builder.gep(arr[0].data, [out_off])
+
+    def column(a: int, j: int, vty: ir.VectorType) -> ir.Value:
+        at = builder.add(o0, ir.Constant(intp, 16 * j))
+        return builder.load(builder.bitcast(builder.gep(arr[a].data, [at]), vty.as_pointer()),
+                            align=4)
+
+    cols = [(column(6, j, VI), column(7, j, VI), column(8, j, VF), column(9, j, VF))
+            for j in range(nvec)]
+    lanes = [builder.sub(ncol, ir.Constant(intp, 16 * j)) for j in range(nvec)]
+    for r in range(mr_rows):
+        inside = builder.icmp_signed("<", ir.Constant(intp, r), args[mr_at])
+        with builder.if_then(inside):
+            rsum = builder.load(builder.gep(arr[4].data, [builder.add(r_off, ir.Constant(intp, r))]))
+            # the column terms, less wzp * row sum where the row sum is not 0
+            # (always 0 with symmetric weights: no multiplies then)
+            terms = [cgutils.alloca_once_value(builder, cols[j][0]) for j in range(nvec)]
+            with builder.if_then(builder.icmp_signed("!=", rsum, rsum.type(0))):
+                rvec = splat(builder, rsum, VI)
+                for j in range(nvec):
+                    builder.store(builder.sub(cols[j][0], builder.mul(cols[j][1], rvec)),
+                                  terms[j])
+            row = builder.gep(out0, [builder.mul(ldo, ir.Constant(intp, r))])
+            for j in range(nvec):
+                _, _, bias, mult = cols[j]
+                acc = builder.add(builder.load(accs[r][j]), builder.load(terms[j]))
+                q = builder.trunc(requant_codegen(builder, acc, bias, mult, qmin, qmax, zp), VB)
+                ptr = builder.bitcast(builder.gep(row, [ir.Constant(intp, 16 * j)]),
+                                      VB.as_pointer())
+                full = builder.icmp_signed(">=", lanes[j], ir.Constant(intp, 16))
+                with builder.if_else(full) as (whole, part):
+                    with whole:
+                        builder.store(q, ptr, align=1)
+                    with part, builder.if_then(builder.icmp_signed(
+                            ">", lanes[j], ir.Constant(intp, 0))):
+                        masked_store(builder, q, ptr, lane_mask(builder, lanes[j]))
 
 
 def _c_ptrs(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
@@ -151,14 +198,7 @@ def _tile_codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any
     b_arr = context.make_array(signature.args[3])(context, builder, args[3])
     a_off_v, lda_v, b_off_v, kc4_v, mr_v, acc_in_v = (args[k] for k in (1, 2, 4, 5, 6, 9))
     intp = a_off_v.type
-    dot = _vpdpbusd(builder)
-    a0 = builder.gep(a_arr.data, [a_off_v])
-    rows = []
-    for r in range(mr_rows):
-        rr = ir.Constant(intp, r)
-        last = builder.sub(mr_v, ir.Constant(intp, 1))
-        use = builder.select(builder.icmp_signed("<", rr, mr_v), rr, last)
-        rows.append(builder.gep(a0, [builder.mul(use, lda_v)]))
+    rows = _row_ptrs(builder, builder.gep(a_arr.data, [a_off_v]), lda_v, mr_v, mr_rows)
     b0 = builder.gep(b_arr.data, [b_off_v])
     zero = ir.Constant(_V16, None)
     keep = builder.icmp_signed("!=", acc_in_v, ir.Constant(intp, 0))
@@ -169,7 +209,30 @@ def _tile_codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any
          for j in range(nvec)]
         for r in range(mr_rows)
     ]
-    with cgutils.for_range(builder, kc4_v) as loop:
+    _k_loop(builder, rows, b0, kc4_v, accs, nvec)
+    return accs
+
+
+def _row_ptrs(builder: ir.IRBuilder, a0: ir.Value, lda: ir.Value, mr: ir.Value,
+              mr_rows: int) -> list[ir.Value]:
+    """Pointers to rows ``r`` of A at ``a0 + r * lda`` (rows from ``mr`` on repeat the
+    last one)."""
+    intp = lda.type
+    last = builder.sub(mr, ir.Constant(intp, 1))
+    ptrs = []
+    for r in range(mr_rows):
+        rr = ir.Constant(intp, r)
+        use = builder.select(builder.icmp_signed("<", rr, mr), rr, last)
+        ptrs.append(builder.gep(a0, [builder.mul(use, lda)]))
+    return ptrs
+
+
+def _k_loop(builder: ir.IRBuilder, rows: list[ir.Value], b0: ir.Value, kc4: ir.Value,
+            accs: list[list[ir.Value]], nvec: int) -> None:
+    """``accs[r][j] += dot4(rows[r][4k:], b0[(k * 64 + 16 j) * 4:])`` for ``k < kc4``."""
+    intp = kc4.type
+    dot = _vpdpbusd(builder)
+    with cgutils.for_range(builder, kc4) as loop:
         k = loop.index
         bk = builder.gep(b0, [builder.mul(k, ir.Constant(intp, NR * 4))])
         bvecs = [
@@ -178,8 +241,8 @@ def _tile_codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any
             for j in range(nvec)
         ]
         k4 = builder.mul(k, ir.Constant(intp, 4))
-        for r in range(mr_rows):
-            aptr = builder.bitcast(builder.gep(rows[r], [k4]), _I32.as_pointer())
+        for r, row in enumerate(rows):
+            aptr = builder.bitcast(builder.gep(row, [k4]), _I32.as_pointer())
             ai = builder.load(aptr, align=1)
             undef = ir.Constant(_V16, ir.Undefined)
             splat_a = builder.insert_element(undef, ai, ir.Constant(_I32, 0))
@@ -187,7 +250,6 @@ def _tile_codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any
             for j in range(nvec):
                 cur = builder.load(accs[r][j])
                 builder.store(builder.call(dot, [cur, splat_a, bvecs[j]]), accs[r][j])
-    return accs
 
 
 ukernel_2x64 = _make_ukernel(2, 4)
@@ -200,3 +262,6 @@ ukernel_requant_4x64 = _make_ukernel_requant(4, 4)
 ukernel_requant_6x64 = _make_ukernel_requant(MR, 4)
 ukernel_requant_8x32 = _make_ukernel_requant(8, 2)
 ukernel_requant_12x16 = _make_ukernel_requant(12, 1)
+ukernel_taps_2x64 = _make_ukernel_taps(2)
+ukernel_taps_4x64 = _make_ukernel_taps(4)
+ukernel_taps_6x64 = _make_ukernel_taps(MR)
