@@ -253,16 +253,25 @@ def _nvec(out_channels: int) -> int:
                  <= 4 * out_channels), 1)
 
 
-def _supports(problem: ConvProblem, padded_channels: bool = True) -> str | None:
-    """Forward problems; output channels that are not a multiple of 16 only where
-    ``padded_channels`` (the forward pads its panels and crops a padded output;
-    backward-data's phases write their slices of dx in place)."""
+def dense_float32_2d(problem: ConvProblem) -> str | None:
+    """Why ``blocked``'s kernels cannot serve a problem of any pass: float32 compute,
+    groups 1, 1-D or 2-D."""
     if problem.compute_dtype != np.float32:
         return f"float32 only (compute dtype {problem.compute_dtype})"
     if problem.groups != 1:
         return f"dense convs only (groups={problem.groups})"
     if problem.ndim > 2:
         return f"1-D and 2-D only (got {problem.ndim}-D)"
+    return None
+
+
+def _supports(problem: ConvProblem, padded_channels: bool = True) -> str | None:
+    """Forward problems; output channels that are not a multiple of 16 only where
+    ``padded_channels`` (the forward pads its panels and crops a padded output;
+    backward-data's phases write their slices of dx in place)."""
+    reason = dense_float32_2d(problem)
+    if reason is not None:
+        return reason
     if problem.out_channels % VEC and not padded_channels:
         return f"channels must be a multiple of {VEC} (got {problem.out_channels})"
     return too_large(problem, _workspace(problem), "the padded copy of x and packed weights")

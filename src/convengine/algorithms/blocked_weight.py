@@ -26,7 +26,7 @@ output channels a multiple of 16 at unit column dilation.
 from __future__ import annotations
 
 import math
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,7 @@ from ..registry import register
 from ..threads import get_num_threads
 from ._common import too_large
 from ._fma import row_pointers, splat, store_rows
-from .blocked import _as2d, padded_input
+from .blocked import _as2d, dense_float32_2d, padded_input
 
 MR = 6  # output channels per register block
 VEC = 16  # float32 lanes of a zmm register
@@ -108,84 +108,66 @@ def _make_ukernel(nvec: int) -> Any:
 
 @cache
 def _driver(nvec: int) -> Any:
-    """The compiled weight gradient for ``NR = 16 * nvec`` input channels per block:
-    ``run(xp (N,Hp,Wp,C), dy (N,OH,OW,O), dw (O,KH,KW,C), sh, sw, dh, dw, imgs, rows,
-    workers)``: each of ``workers`` threads takes an equal share of the (tap, output
-    block, input block) tasks and walks the pixels in chunks of ``imgs`` images x
+    """The compiled weight gradient for blocks of ``MR`` broadcast values x ``NR = 16 *
+    nvec`` vector lanes: ``run(b, v, y, tasks, b_step, v_step, ys, n, oh, ow, imgs,
+    rows, workers)``. ``b`` and ``v`` are the flat broadcast and vector operands (dy
+    and x, or x and dy for the turned kernel), ``tasks`` rows ``(b offset, v offset, y
+    offset, rows)`` of one block each, ``b_step``/``v_step`` the operands' strides
+    per image, output row and output column. Each of ``workers`` threads takes an
+    equal share of the tasks and walks the pixels in chunks of ``imgs`` images x
     ``rows`` output rows, all its tasks per chunk (one parallel region per call)."""
-    nr = VEC * nvec
-    src = Source(__name__, f"blocked_wgrad_nr{nr}")
+    src = Source(__name__, f"blocked_wgrad_nr{VEC * nvec}")
     src.expr("ukernel", f"_make_ukernel({nvec})")
     ukernel = None  # bound in the kernel module
 
-    def run(xp, dy, dwt, sh, sw, dh, dw, imgs, rows, workers):  # noqa: PLR0913
-        n_, hp, wpx, c_ = xp.shape
-        _, oh_, ow_, o_ = dy.shape
-        _, kh_, kw_, _ = dwt.shape
-        xf, df, yf = xp.reshape(-1), dy.reshape(-1), dwt.reshape(-1)
-        cblocks, oblocks = c_ // nr, (o_ + MR - 1) // MR
-        tasks = kh_ * kw_ * oblocks * cblocks
+    def run(b, v, y, tasks, b_step, v_step, ys, n_, oh_, ow_, imgs, rows, workers):  # noqa: PLR0913
+        count = tasks.shape[0]
         for worker in prange(workers):
-            first, stop = worker * tasks // workers, (worker + 1) * tasks // workers
+            first, stop = worker * count // workers, (worker + 1) * count // workers
             for n0 in range(0, n_, imgs):
                 nn = min(imgs, n_ - n0)
                 for h0 in range(0, oh_, rows):
                     nh = min(rows, oh_ - h0)
                     add = 0 if n0 == 0 and h0 == 0 else 1
+                    b_base = n0 * b_step[0] + h0 * b_step[1]
+                    v_base = n0 * v_step[0] + h0 * v_step[1]
                     for t in range(first, stop):
-                        tap, rest = t // (oblocks * cblocks), t % (oblocks * cblocks)
-                        a, b = tap // kw_, tap % kw_
-                        o0, c0 = (rest // cblocks) * MR, (rest % cblocks) * nr
-                        d_off = (n0 * oh_ + h0) * ow_ * o_ + o0
-                        x_off = ((n0 * hp + h0 * sh + a * dh) * wpx + b * dw) * c_ + c0
-                        y_off = ((o0 * kh_ + a) * kw_ + b) * c_ + c0
-                        ukernel(df, d_off, oh_ * ow_ * o_, ow_ * o_, o_, nn, nh, ow_,
-                                xf, x_off, hp * wpx * c_, sh * wpx * c_, sw * c_,
-                                min(MR, o_ - o0), yf, y_off, kh_ * kw_ * c_, add)
+                        ukernel(b, b_base + tasks[t, 0], b_step[0], b_step[1], b_step[2],
+                                nn, nh, ow_, v, v_base + tasks[t, 1], v_step[0], v_step[1],
+                                v_step[2], tasks[t, 3], y, tasks[t, 2], ys, add)
 
     src.function(run, parallel=True, nogil=True)
     return load(src).run
 
 
-@cache
-def _row_driver(nvec: int) -> Any:
-    """The weight gradient with the roles turned, for few input channels: ``MR``
-    consecutive taps of a kernel row (its columns x channels, one contiguous run of
-    ``run_len`` values of ``xp`` at unit column dilation) x ``NR = 16 * nvec`` output
-    channels per block, broadcasting x and loading dy.
-    ``run(xp (N,Hp,Wp,C), dy (N,OH,OW,O), out (KH, run_len, O), sh, sw, dh, imgs, rows,
-    workers)``, chunks and shares as :func:`_driver`."""
-    nr = VEC * nvec
-    src = Source(__name__, f"blocked_wgrad_rows_nr{nr}")
-    src.expr("ukernel", f"_make_ukernel({nvec})")
-    ukernel = None  # bound in the kernel module
-
-    def run(xp, dy, out, sh, sw, dh, imgs, rows, workers):  # noqa: PLR0913
-        n_, hp, wpx, c_ = xp.shape
-        _, oh_, ow_, o_ = dy.shape
-        kh_, run_len, _ = out.shape
-        xf, df, yf = xp.reshape(-1), dy.reshape(-1), out.reshape(-1)
-        tblocks, oblocks = (run_len + MR - 1) // MR, o_ // nr
-        tasks = kh_ * tblocks * oblocks
-        for worker in prange(workers):
-            first, stop = worker * tasks // workers, (worker + 1) * tasks // workers
-            for n0 in range(0, n_, imgs):
-                nn = min(imgs, n_ - n0)
-                for h0 in range(0, oh_, rows):
-                    nh = min(rows, oh_ - h0)
-                    add = 0 if n0 == 0 and h0 == 0 else 1
-                    for t in range(first, stop):
-                        a, rest = t // (tblocks * oblocks), t % (tblocks * oblocks)
-                        t0, o0 = (rest // oblocks) * MR, (rest % oblocks) * nr
-                        x_off = (n0 * hp + h0 * sh + a * dh) * wpx * c_ + t0
-                        d_off = (n0 * oh_ + h0) * ow_ * o_ + o0
-                        ukernel(xf, x_off, hp * wpx * c_, sh * wpx * c_, sw * c_, nn, nh, ow_,
-                                df, d_off, oh_ * ow_ * o_, ow_ * o_, o_,
-                                min(MR, run_len - t0), yf, (a * run_len + t0) * o_ + o0, o_,
-                                add)
-
-    src.function(run, parallel=True, nogil=True)
-    return load(src).run
+@lru_cache(maxsize=256)
+def _tasks(problem: ConvProblem) -> tuple[np.ndarray, int, int]:
+    """(tasks, nvec, ys) of a problem (see :func:`_driver`): over (tap, output-channel
+    block, input-channel block) broadcasting dy and loading x, or, turned
+    (:func:`_by_rows`), over (kernel row, block of a row's taps, output-channel
+    block) broadcasting x and loading dy into a ``(KH, KW*C, O)`` result."""
+    lead = 2 - problem.ndim
+    kh, kw = (1,) * lead + problem.kernel
+    dh, dw = (1,) * lead + problem.dilation
+    wp = ((0, 0),) * lead + problem.padding
+    wpx = problem.in_size[-1] + sum(wp[1])
+    c, o = problem.in_channels, problem.out_channels
+    if _by_rows(problem):
+        nvec, run = _nvec(o), kw * c
+        a, t0, o0 = np.meshgrid(np.arange(kh), np.arange(0, run, MR),
+                                np.arange(0, o, VEC * nvec), indexing="ij")
+        table = [a * dh * wpx * c + t0, o0, (a * run + t0) * o + o0, np.minimum(MR, run - t0)]
+        ys = o
+    else:
+        nvec = _nvec(c)
+        a, b, o0, c0 = np.meshgrid(np.arange(kh), np.arange(kw), np.arange(0, o, MR),
+                                   np.arange(0, c, VEC * nvec), indexing="ij")
+        table = [o0, (a * dh * wpx + b * dw) * c + c0, ((o0 * kh + a) * kw + b) * c + c0,
+                 np.minimum(MR, o - o0)]
+        ys = kh * kw * c
+    tasks = np.stack([t.reshape(-1) for t in table], axis=1).astype(np.intp)
+    tasks.flags.writeable = False
+    return tasks, nvec, ys
 
 
 def _nvec(channels: int) -> int:
@@ -214,12 +196,9 @@ def _chunk(problem: ConvProblem) -> tuple[int, int]:
 
 
 def _supports(problem: ConvProblem) -> str | None:
-    if problem.compute_dtype != np.float32:
-        return f"float32 only (compute dtype {problem.compute_dtype})"
-    if problem.groups != 1:
-        return f"dense convs only (groups={problem.groups})"
-    if problem.ndim > 2:
-        return f"1-D and 2-D only (got {problem.ndim}-D)"
+    reason = dense_float32_2d(problem)
+    if reason is not None:
+        return reason
     if problem.in_channels % VEC and not _by_rows(problem):
         return (f"input channels must be a multiple of {VEC}, or output channels a "
                 f"multiple of {VEC} at unit column dilation (got {problem.in_channels} "
@@ -247,12 +226,19 @@ def blocked_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray) -> n
     dh, dwl = (1,) * lead + problem.dilation
     imgs, rows = _chunk(problem)
     xp, dy4 = padded_input(x, problem), _as2d(np.ascontiguousarray(dy), problem.ndim)
+    n, hp, wpx, c = xp.shape
+    _, oh, ow, o = dy4.shape
+    x_step = np.array([hp * wpx * c, sh * wpx * c, sw * c], np.intp)
+    dy_step = np.array([oh * ow * o, ow * o, o], np.intp)
+    tasks, nvec, ys = _tasks(problem)
+    threads = get_num_threads()
     if not _by_rows(problem):
-        _driver(_nvec(problem.in_channels))(xp, dy4, _as2d(dw, problem.ndim), sh, sw, dh,
-                                            dwl, imgs, rows, get_num_threads())
+        _driver(nvec)(dy4.reshape(-1), xp.reshape(-1), dw.reshape(-1), tasks, dy_step, x_step,
+                      ys, n, oh, ow, imgs, rows, threads)
         return dw
-    o, kh, kw, c = _as2d(dw, problem.ndim).shape
+    _, kh, kw, _ = _as2d(dw, problem.ndim).shape
     out = np.empty((kh, kw * c, o), np.float32)
-    _row_driver(_nvec(o))(xp, dy4, out, sh, sw, dh, imgs, rows, get_num_threads())
+    _driver(nvec)(xp.reshape(-1), dy4.reshape(-1), out.reshape(-1), tasks, x_step, dy_step,
+                  ys, n, oh, ow, imgs, rows, threads)
     dw[...] = out.reshape(kh, kw, c, o).transpose(3, 0, 1, 2).reshape(dw.shape)
     return dw
