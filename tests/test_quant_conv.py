@@ -344,16 +344,19 @@ def test_nhwc_copy(dtype):
 
 
 @pytest.mark.skipif(not HAS_VNNI, reason="the implicit-GEMM kernel is a VNNI kernel")
-@pytest.mark.parametrize("n,c,o,h,w,k,pad,threads", [
-    (1, 8, 24, 9, 13, 3, 1, 2),     # ragged width (13 = 2 x 6 + 1), O < 64
-    (2, 16, 130, 7, 7, 3, 1, 2),    # three column blocks, column parts, batch 2
-    (1, 4, 64, 6, 11, (1, 3), (0, 2), 1),
-    (1, 12, 70, 8, 9, 5, 2, 2),
-    (1, 32, 64, 5, 5, 3, 0, 2),     # no padding
+@pytest.mark.parametrize("n,c,o,h,w,k,pad,s,threads", [
+    (1, 8, 24, 9, 13, 3, 1, 1, 2),     # ragged width (13 = 2 x 6 + 1), O < 64
+    (2, 16, 130, 7, 7, 3, 1, 1, 2),    # three column blocks, column parts, batch 2
+    (1, 4, 64, 6, 11, (1, 3), (0, 2), 1, 1),
+    (1, 12, 70, 8, 9, 5, 2, 1, 2),
+    (1, 32, 64, 5, 5, 3, 0, 1, 2),     # no padding
+    (1, 8, 64, 15, 16, 3, 1, 2, 2),    # stride 2, odd height
+    (2, 4, 40, 9, 12, (3, 2), (1, 0), (1, 3), 2),
 ])
-def test_implicit_gemm_against_int64_reference(n, c, o, h, w, k, pad, threads, monkeypatch):
-    """Stride-1 ungrouped convs on uint8 with weight zero points 0 run conv_vnni_taps (no
-    im2col): the same bytes as the int64 reference, padding, ragged runs and all."""
+def test_implicit_gemm_against_int64_reference(n, c, o, h, w, k, pad, s, threads,
+                                               monkeypatch):
+    """Ungrouped convs on uint8 with weight zero points 0 run conv_vnni_taps (no im2col):
+    the same bytes as the int64 reference, padding, strides, ragged runs and all."""
     from convengine.quant import api, kernels
 
     monkeypatch.setattr(cpu, "int8_path", lambda: "vnni")
@@ -369,7 +372,8 @@ def test_implicit_gemm_against_int64_reference(n, c, o, h, w, k, pad, threads, m
     wq = rng.integers(-128, 128, (o, c, *kk)).astype(np.int8)
     ws = rng.uniform(1e-3, 2e-2, o)
     bias = rng.normal(0, 50, o).astype(np.float32)
-    args = dict(stride=(1, 1), padding=pp, dilation=(1, 1), groups=1)
+    ss = (s, s) if isinstance(s, int) else s
+    args = dict(stride=ss, padding=pp, dilation=(1, 1), groups=1)
     acc = ref_acc(x, 37, wq, np.zeros(o, np.int64), **args)
     for relu, out_dtype in [(False, np.uint8), (True, np.int8)]:
         want = apply_requant(np.moveaxis(acc, 1, -1).astype(np.int32),

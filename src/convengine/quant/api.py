@@ -135,13 +135,13 @@ def _in_place(problem: ConvProblem, multiple: int) -> bool:
 
 def _implicit(problem: ConvProblem, flip: int, mode: int, wzp: np.ndarray) -> bool:
     """Whether :func:`kernels.conv_vnni_taps` (implicit GEMM, no im2col) serves: 2-D,
-    ungrouped, stride 1, dilation 1, more than one tap, uint8 x with C % 4 == 0, PyTorch's
+    ungrouped, dilation 1, more than one tap, uint8 x with C % 4 == 0, PyTorch's
     requantization, weight zero points 0, and outputs at least ``IMPLICIT_MIN_WIDTH``
     wide (its tiles are runs of one output row; measured, 1 thread, against im2col:
     3x3 at 56 x 56 x 64 0.80x the time, 28 x 28 x 128 0.90x, 14 x 14 x 256 0.96x,
     7 x 7 x 512 1.12x)."""
     return (problem.ndim == 2 and problem.groups == 1 and math.prod(problem.kernel) > 1
-            and problem.stride == (1, 1) and problem.dilation == (1, 1) and flip == 0
+            and problem.dilation == (1, 1) and flip == 0
             and problem.in_channels % 4 == 0 and mode == 0 and not np.any(wzp)
             and problem.out_size[-1] >= IMPLICIT_MIN_WIDTH)
 
