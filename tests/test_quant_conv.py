@@ -345,13 +345,16 @@ def test_nhwc_copy(dtype):
 
 @pytest.mark.skipif(not HAS_VNNI, reason="the implicit-GEMM kernel is a VNNI kernel")
 @pytest.mark.parametrize("n,c,o,h,w,k,pad,s,threads", [
-    (1, 8, 24, 9, 13, 3, 1, 1, 2),     # ragged width (13 = 2 x 6 + 1), O < 64
+    (1, 8, 72, 9, 13, 3, 1, 1, 2),     # ragged width (13 = 2 x 6 + 1), ragged O
     (2, 16, 130, 7, 7, 3, 1, 1, 2),    # three column blocks, column parts, batch 2
     (1, 4, 64, 6, 11, (1, 3), (0, 2), 1, 1),
     (1, 12, 70, 8, 9, 5, 2, 1, 2),
+    (1, 12, 64, 8, 9, 5, 2, 1, 2),
     (1, 32, 64, 5, 5, 3, 0, 1, 2),     # no padding
     (1, 8, 64, 15, 16, 3, 1, 2, 2),    # stride 2, odd height
-    (2, 4, 40, 9, 12, (3, 2), (1, 0), (1, 3), 2),
+    (2, 4, 100, 9, 12, (3, 2), (1, 0), (1, 3), 2),
+    (1, 3, 64, 20, 17, 7, 3, 2, 2),    # a 3-channel stem: channels padded to 4
+    (1, 6, 64, 9, 14, 3, 1, 2, 1),
 ])
 def test_implicit_gemm_against_int64_reference(n, c, o, h, w, k, pad, s, threads,
                                                monkeypatch):

@@ -30,7 +30,7 @@ from .numerics import (
     check_zero_point,
     requant_params,
 )
-from .prepack import packed_weights
+from .prepack import Packed, pack, packed_weights
 
 ALGOS = ("auto", "amx", "vnni", "portable", "depthwise")
 _TILE_CONFIG = tile_config()
@@ -133,17 +133,31 @@ def _in_place(problem: ConvProblem, multiple: int) -> bool:
             and problem.in_channels % multiple == 0)
 
 
+def _channels_to_4(packed: Packed, w: np.ndarray, problem: ConvProblem,
+                   wzp: np.ndarray) -> Packed:
+    """``packed`` where C is a multiple of 4, else the weights with their channels padded
+    with zeros to one (packed afresh: a network's 3-channel stem, weights of a few KiB),
+    as :func:`kernels.conv_vnni_taps` reads x."""
+    c = problem.in_channels
+    if c % 4 == 0:
+        return packed
+    wc = _canonical(w, problem)
+    wide = np.zeros((*wc.shape[:-1], -(-c // 4) * 4), wc.dtype)
+    wide[..., :c] = wc
+    return pack(wide, wzp, 1, "vnni")
+
+
 def _implicit(problem: ConvProblem, flip: int, mode: int, wzp: np.ndarray) -> bool:
     """Whether :func:`kernels.conv_vnni_taps` (implicit GEMM, no im2col) serves: 2-D,
-    ungrouped, dilation 1, more than one tap, uint8 x with C % 4 == 0, PyTorch's
-    requantization, weight zero points 0, and outputs at least ``IMPLICIT_MIN_WIDTH``
-    wide (its tiles are runs of one output row; measured, 1 thread, against im2col:
-    3x3 at 56 x 56 x 64 0.80x the time, 28 x 28 x 128 0.90x, 14 x 14 x 256 0.96x,
-    7 x 7 x 512 1.12x)."""
+    ungrouped, dilation 1, more than one tap, uint8 x, PyTorch's requantization, weight
+    zero points 0, at least 64 output channels (its tiles are 64 wide: MobileNetV2's
+    32-channel stem 1.17x the time of im2col's narrow kernels) and outputs at least
+    ``IMPLICIT_MIN_WIDTH`` wide (its tiles are runs of one output row; measured, 1
+    thread, against im2col: 3x3 at 56 x 56 x 64 0.80x the time, 28 x 28 x 128 0.90x,
+    14 x 14 x 256 0.96x, 7 x 7 x 512 1.12x; ResNet-50's stem 0.90x)."""
     return (problem.ndim == 2 and problem.groups == 1 and math.prod(problem.kernel) > 1
-            and problem.dilation == (1, 1) and flip == 0
-            and problem.in_channels % 4 == 0 and mode == 0 and not np.any(wzp)
-            and problem.out_size[-1] >= IMPLICIT_MIN_WIDTH)
+            and problem.dilation == (1, 1) and flip == 0 and mode == 0 and not np.any(wzp)
+            and problem.out_channels >= 64 and problem.out_size[-1] >= IMPLICIT_MIN_WIDTH)
 
 
 def qconv(
@@ -359,6 +373,7 @@ def bind(plan: Plan, w: np.ndarray,
 
     if _implicit(problem, flip, plan.mode, packed.wzp):
         nrows = problem.batch * problem.out_size[0]
+        taps_w = _channels_to_4(packed, w, problem, plan.w_zero_point)
 
         def launch_taps(x: np.ndarray, y: np.ndarray) -> None:
             threads = get_num_threads()
@@ -366,8 +381,8 @@ def bind(plan: Plan, w: np.ndarray,
                 launch(x, y)
                 return
             parts = threads if packed.nb >= threads and nrows < 8 * threads else 1
-            kernels.conv_vnni_taps(x.view(np.uint8), xzp_u, packed.data, dense[4], geo,
-                                   packed.kc4, packed.nb, parts, tail[1], tail[2],
+            kernels.conv_vnni_taps(x.view(np.uint8), xzp_u, taps_w.data, dense[4], geo,
+                                   taps_w.kc4, packed.nb, parts, tail[1], tail[2],
                                    rq.zero_point, rq.lo, rq.hi, y)
 
     def launch(x: np.ndarray, y: np.ndarray) -> None:

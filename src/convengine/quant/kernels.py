@@ -344,40 +344,46 @@ def _tiles_requant(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep, out, ld
 @njit(parallel=True, cache=True)
 def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias_f, zp, lo, hi, out):
     """:func:`conv_vnni` without im2col (implicit GEMM), mode 0, for ungrouped
-    dilation-1 2-D convs on uint8 x with C % 4 == 0 and weights of zero point 0
-    (``wp``, ``col_term``, ``mult``, ``bias_f`` as there).
+    dilation-1 2-D convs on uint8 x and weights of zero point 0 (``wp``, ``col_term``,
+    ``mult``, ``bias_f`` as there, the weights' channels padded with zeros to ``Cp``, C
+    rounded up to a multiple of 4: ``kc4 = KH * KW * Cp / 4``).
 
     x is copied once into a buffer padded with ``xzp`` (so every window lies inside
-    it); then each 6-pixel run of an output row is a tile whose K loop walks the
-    kernel taps in place (:func:`ukernel_taps_6x64`: rows ``sw * C`` bytes apart, tap
-    ``(kh, kw)`` at ``(kh * Wp + kw) * C``), the weights' (kh, kw, c) order being the
-    im2col order. Work items: output rows, times ``parts`` column parts (as
+    it; channels to ``Cp``); then each 6-pixel run of an output row is a tile whose K
+    loop walks the kernel taps in place (:func:`ukernel_taps_6x64`: rows ``sw * Cp``
+    bytes apart, tap ``(kh, kw)`` at ``(kh * Wp + kw) * Cp``), the weights' (kh, kw, c)
+    order being the im2col order. Work items: output rows, times ``parts`` column parts (as
     :func:`conv_vnni`)."""
     n_img, h_in, w_in, chans = x.shape[0], x.shape[2], x.shape[3], x.shape[4]
     kh_n, kw_n, ph, pw, oh_n, ow_n = geo[1], geo[2], geo[7], geo[8], geo[13], geo[14]
     sh, sw = geo[4], geo[5]
     hp, wpd = (oh_n - 1) * sh + kh_n, (ow_n - 1) * sw + kw_n
+    taps = kh_n * kw_n
+    cp = kc4 * 4 // taps
     xflat = x.reshape(-1)
-    xp = np.empty(n_img * hp * wpd * chans, np.uint8)
+    xp = np.empty(n_img * hp * wpd * cp, np.uint8)
     for r in prange(n_img * hp):
         n, iy = r // hp, r % hp - ph
-        base = r * wpd * chans
-        if 0 <= iy < h_in:
-            lo_x, hi_x = min(pw, wpd), min(wpd, pw + w_in)
-            for k in range(lo_x * chans):
-                xp[np.uintp(base + k)] = xzp
-            copy_bytes(xp, base + lo_x * chans, xflat, ((n * h_in + iy) * w_in + lo_x - pw) * chans,
-                       (hi_x - lo_x) * chans)
-            for k in range(hi_x * chans, wpd * chans):
-                xp[np.uintp(base + k)] = xzp
+        base = r * wpd * cp
+        lo_x, hi_x = min(pw, wpd), min(wpd, pw + w_in)
+        if not 0 <= iy < h_in:
+            lo_x = hi_x = wpd
+        for k in range(lo_x * cp):
+            xp[np.uintp(base + k)] = xzp
+        src = ((n * h_in + iy) * w_in + lo_x - pw) * chans
+        if cp == chans:
+            copy_bytes(xp, base + lo_x * cp, xflat, src, (hi_x - lo_x) * cp)
         else:
-            for k in range(wpd * chans):
-                xp[np.uintp(base + k)] = xzp
-    taps = kh_n * kw_n
+            for ix in range(lo_x, hi_x):
+                copy_bytes(xp, base + ix * cp, xflat, src + (ix - lo_x) * chans, chans)
+                for k in range(chans, cp):  # (against zero weights)
+                    xp[np.uintp(base + ix * cp + k)] = xzp
+        for k in range(hi_x * cp, wpd * cp):
+            xp[np.uintp(base + k)] = xzp
     tapoff = np.empty(taps, np.int64)
     for t in range(taps):
-        tapoff[t] = ((t // kw_n) * wpd + t % kw_n) * chans
-    c4n = chans // 4
+        tapoff[t] = ((t // kw_n) * wpd + t % kw_n) * cp
+    c4n = cp // 4
     og = out.shape[1]
     ldo = out.strides[0]
     qmin, qmax = np.float32(lo - zp), np.float32(hi - zp)
@@ -386,25 +392,25 @@ def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias_f, zp, 
     for item in prange(nrows * parts):
         orow, part = item % nrows, item // nrows
         n, oh = orow // oh_n, orow % oh_n
-        a_row = (n * hp + oh * sh) * wpd * chans
+        a_row = (n * hp + oh * sh) * wpd * cp
         for b in range(part * nb // parts, (part + 1) * nb // parts):
             ncol = min(NR, og - b * NR)
             b_off = b * kc4 * NR * 4
             o0 = b * NR
             for ow0 in range(0, ow_n, MR):
                 mr = min(MR, ow_n - ow0)
-                at = a_row + ow0 * sw * chans
+                at = a_row + ow0 * sw * cp
                 o_at = (orow * ow_n + ow0) * ldo + o0
                 if mr <= 2:
-                    ukernel_taps_2x64(xp, at, sw * chans, wp, b_off, c4n, taps, tapoff, mr, out, o_at,
+                    ukernel_taps_2x64(xp, at, sw * cp, wp, b_off, c4n, taps, tapoff, mr, out, o_at,
                                       ldo, ncol, zeros, 0, col_term, col_term, bias_f, mult, o0,
                                       qmin, qmax, zp)
                 elif mr <= 4:
-                    ukernel_taps_4x64(xp, at, sw * chans, wp, b_off, c4n, taps, tapoff, mr, out, o_at,
+                    ukernel_taps_4x64(xp, at, sw * cp, wp, b_off, c4n, taps, tapoff, mr, out, o_at,
                                       ldo, ncol, zeros, 0, col_term, col_term, bias_f, mult, o0,
                                       qmin, qmax, zp)
                 else:
-                    ukernel_taps_6x64(xp, at, sw * chans, wp, b_off, c4n, taps, tapoff, mr, out, o_at,
+                    ukernel_taps_6x64(xp, at, sw * cp, wp, b_off, c4n, taps, tapoff, mr, out, o_at,
                                       ldo, ncol, zeros, 0, col_term, col_term, bias_f, mult, o0,
                                       qmin, qmax, zp)
 

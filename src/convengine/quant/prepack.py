@@ -52,7 +52,8 @@ def _signed(w: np.ndarray, wzp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return w, wzp
 
 
-def _pack(w: np.ndarray, wzp: np.ndarray, groups: int, path: str) -> Packed:
+def pack(w: np.ndarray, wzp: np.ndarray, groups: int, path: str) -> Packed:
+    """Canonical weights ``w (O, KD, KH, KW, C // g)`` packed for ``path`` (no cache)."""
     o = w.shape[0]
     kc = int(np.prod(w.shape[1:]))
     ws, zs = _signed(w, wzp)
@@ -113,7 +114,7 @@ def packed_weights(
     if hit is not None and _unchanged(hit[0], w):
         _cache.move_to_end(key)
         return hit[1]
-    packed = _pack(np.ascontiguousarray(canonical(w)), wzp, groups, path)
+    packed = pack(np.ascontiguousarray(canonical(w)), wzp, groups, path)
     _cache[key] = (np.array(w, copy=True), packed)
     while len(_cache) > CACHE_SIZE:
         _cache.popitem(last=False)
