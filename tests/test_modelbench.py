@@ -39,6 +39,10 @@ def test_unknown_modes_are_refused_before_anything_runs():
 
 def test_the_sgd_mode_updates_the_weights_each_step():
     torch = pytest.importorskip("torch")
-    step = modelbench._build("resnet50", 1, "cl", "sgd", "torch", 1)
-    first = step().detach().clone()
-    assert not torch.equal(step().detach(), first)  # the SGD update moved the weights
+    threads = torch.get_num_threads()
+    try:  # _build sets PyTorch's threads, as a worker process does
+        step = modelbench._build("resnet50", 1, "cl", "sgd", "torch", threads)
+        first = step().detach().clone()
+        assert not torch.equal(step().detach(), first)  # the SGD update moved the weights
+    finally:
+        torch.set_num_threads(threads)
