@@ -100,3 +100,24 @@ def test_convolution_outputs_from_the_pool_stay_correct_when_reused():
     for _ in range(3):
         ce.conv(x, -w, padding=1, layout="NHWC")  # dropped at once: its block is reused
     np.testing.assert_array_equal(kept, first)
+
+
+def test_smaller_requests_reuse_larger_free_blocks_up_to_the_fit():
+    a = memory.empty(3 << 20, np.uint8)
+    address = a.ctypes.data
+    del a
+    assert memory.empty(2 << 20, np.uint8).ctypes.data == address  # within FIT = 2
+    del_me = memory.empty(3 << 20, np.uint8)
+    address = del_me.ctypes.data
+    del del_me
+    small = memory.empty(1 << 20, np.uint8)  # a third: a block of its own
+    assert small.ctypes.data != address
+
+
+def test_a_miss_releases_free_blocks_beyond_the_slack(monkeypatch):
+    monkeypatch.setattr(memory, "SLACK_BYTES", 4 << 20)
+    blocks = [memory.empty(2 << 20, np.uint8) for _ in range(4)]
+    del blocks
+    assert memory.free_bytes() >= 8 << 20
+    kept = memory.empty(5 << 20, np.uint8)  # fits none of the free blocks
+    assert memory.free_bytes() <= 4 << 20 and kept.size == 5 << 20
