@@ -15,7 +15,7 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 import convengine as ce  # noqa: E402
 import convengine.onnx as ceo  # noqa: E402
 from convengine import api, select  # noqa: E402
-from convengine.onnx.convstep import ConvStep, winograd_panels  # noqa: E402
+from convengine.onnx.convstep import ConvStep  # noqa: E402
 
 RNG = np.random.default_rng(3)
 
@@ -101,21 +101,12 @@ def test_weights_kept_once_and_rebuilt_for_another_shape():
                               "dilation": (1, 1), "groups": 1}, [])
     x = f32(1, 16, 8, 8)
     y = step(x, [])
-    assert step._w_last is None  # blocked reads only its panels
-    np.testing.assert_array_equal(step.w_last(), np.moveaxis(w, 1, -1))
+    assert step.conv._w is None  # blocked reads only its panels
+    np.testing.assert_array_equal(step.conv.weights(), np.moveaxis(w, 1, -1))
     ref = ce.conv(x, w)
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
     x2 = f32(3, 16, 5, 5)  # another batch and size: a new kernel
     np.testing.assert_allclose(step(x2, []), ce.conv(x2, w), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("m", [2, 4])
-def test_winograd_panels_equal_the_whole_layer_transform(m):
-    from convengine.algorithms import winograd
-
-    w = f32(40, 3, 3, 24)  # O not a multiple of the panel width
-    expected = winograd.pack_weights(winograd.weight_transform(w, m))
-    np.testing.assert_array_equal(winograd_panels(w, m), expected)
 
 
 def test_nonfinite_weights_and_inputs_follow_the_nan_rule():
