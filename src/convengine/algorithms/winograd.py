@@ -275,22 +275,11 @@ def _matrices(ndim: int, m: int) -> tuple[np.ndarray, ...]:
     return bth, bt, gh, g, ath, at
 
 
-def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
-    """w (O, [3,] 3, C) -> U (alpha^ndim, C, O) = G g G^T, computed in float64."""
-    ndim = w.ndim - 2
-    _, _, gh, gw, _, _ = _matrices(ndim, m)
-    w4 = w.reshape(w.shape[0], 1, *w.shape[1:]) if ndim == 1 else w
-    # two GEMMs (tensordot); einsum's batched path took 5-9 s on a 512x512 3x3 layer
-    t = np.tensordot(gw, w4.astype(np.float64), axes=([1], [2]))  # (j, o, k, s)
-    u = np.tensordot(gh, t, axes=([1], [2]))  # (i, j, o, s)
-    return np.ascontiguousarray(u.transpose(0, 1, 3, 2).reshape(-1, w.shape[-1], w.shape[0]),
-                                dtype=w.dtype)
-
-
 def packed_transform(w: np.ndarray, m: int) -> np.ndarray:
-    """``pack_weights(weight_transform(w, m))`` in one compiled pass: w (O, [3,] 3, C),
-    any strides (a flipped view too) -> (ceil(O / NR), alpha^ndim, C, NR), each
-    ``G g G^T`` summed in float64 and rounded once, the panels' padding zero. A
+    """The transformed weights ``U = G g G^T`` packed as the micro-kernel's panels, in one
+    compiled pass: w (O, [3,] 3, C), any strides (a flipped view too) -> (ceil(O / NR),
+    alpha^ndim, C, NR), one contiguous run per output-channel block, each ``G g G^T``
+    summed in float64 and rounded once, the panels' padding zero. A
     training step changes the weights on every call: the numpy form (float64 copies,
     two tensordots, a transpose and the packing) took 12 ms a layer there."""
     ndim = w.ndim - 2
@@ -382,21 +371,10 @@ def _workspace(m: int):
     return workspace
 
 
-def pack_weights(u: np.ndarray) -> np.ndarray:
-    """U (alpha^ndim, C, O) -> (ceil(O / NR), alpha^ndim, C, NR), zero-padded: the
-    micro-kernel's panels, one contiguous run per output-channel block."""
-    alpha2, c, o = u.shape
-    width = nr(u.itemsize)
-    nkb = -(-o // width)
-    up = np.zeros((alpha2, c, nkb * width), dtype=u.dtype)
-    up[:, :, :o] = u
-    return np.ascontiguousarray(up.reshape(alpha2, c, nkb, width).transpose(2, 0, 1, 3))
-
-
 def winograd_fwd(problem: ConvProblem, x: np.ndarray, up: np.ndarray,
                  m: int) -> np.ndarray | None:
     """Forward conv of channels-last x (N, *S, C) by F(m, 3) with packed transformed
-    weights up (:func:`pack_weights`); None if an output is NaN or infinite (x held
+    weights up (:func:`packed_transform`); None if an output is NaN or infinite (x held
     one, or the transforms overflowed)."""
     fused = kernel(problem.ndim, m, x.dtype)
     x4 = x.reshape(x.shape[0], 1, *x.shape[1:]) if problem.ndim == 1 else x
