@@ -362,8 +362,8 @@ def _per_task(tiles: int, blocks: int) -> int:
     return -(-tiles // max(1, groups))
 
 
-def run_into(out: np.ndarray, first: tuple[int, int], step: tuple[int, int],
-             problem: ConvProblem, xp: np.ndarray, origin: tuple[int, int],
+def run_into(out: np.ndarray, first: tuple[int, ...], step: tuple[int, ...],
+             problem: ConvProblem, xp: np.ndarray, origin: tuple[int, ...],
              wp: np.ndarray) -> None:
     """The forward conv of ``problem`` written into ``out`` (N, *S, O), C-contiguous:
     output pixel ``(i, j)`` to ``out[:, first[0] + i*step[0], first[1] + j*step[1]]``
@@ -420,14 +420,13 @@ def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.
         wp, _ = PACKED.get(w, ("flipped", problem.ndim, nr),
                            lambda w: pack_weight(flipped_view(w), problem.ndim, nr))
         return _forward(backward_data_as_forward(problem), dy, wp)
-    live = blocked_strided.phases(problem)
-    dx = (memory.empty if len(live) == math.prod(problem.stride) else memory.zeros)(
+    steps, dy_pads = blocked_strided.plan(problem)
+    dx = (memory.empty if len(steps) == math.prod(problem.stride) else memory.zeros)(
         problem.x_shape("NHWC"), np.float32)
-    dyp = pad(dy, problem.ndim, blocked_strided.dy_padding(problem))
-    for phase in live:
-        wp, _ = PACKED.get(w, ("phase", problem.stride, phase, nr), lambda w, phase=phase:
-                           pack_weight(blocked_strided.sub_kernel(w, problem, phase),
+    dyp = pad(dy, problem.ndim, dy_pads)
+    for s in steps:
+        wp, _ = PACKED.get(w, ("phase", problem.stride, s.phase, nr), lambda w, s=s:
+                           pack_weight(blocked_strided.sub_kernel(w, problem, s.phase),
                                        problem.ndim, nr))
-        first, step, origin = blocked_strided.placement(problem, phase)
-        run_into(dx, first, step, blocked_strided.sub_problem(problem, phase), dyp, origin, wp)
+        run_into(dx, s.first, s.step, s.problem, dyp, s.origin, wp)
     return dx

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -51,26 +52,36 @@ def phases_1d(length: int, kernel: int, stride: int, pad_lo: int) -> list[Phase]
     return result
 
 
-def _per_dim(problem: ConvProblem) -> list[list[Phase]]:
-    return [phases_1d(n, k, s, lo) for n, k, s, (lo, _) in zip(
-        problem.in_size, problem.kernel, problem.stride, problem.padding)]
+class Step(NamedTuple):
+    """One phase to run: its per-dim phases, its stride-1 forward problem, and where it
+    reads and writes as 2-D (row, column) pairs (a 1-D problem is one row): the
+    (first, step) of its outputs in dx, the origin of its window in the padded dy."""
+
+    phase: tuple[Phase, ...]
+    problem: ConvProblem
+    first: tuple[int, ...]
+    step: tuple[int, ...]
+    origin: tuple[int, ...]
 
 
-def phases(problem: ConvProblem) -> list[tuple[Phase, ...]]:
-    """Every combination of per-dim phases that some tap reaches and that has outputs."""
-    return [ph for ph in itertools.product(*_per_dim(problem))
-            if all(p.taps > 0 and p.size > 0 for p in ph)]
-
-
-def dy_padding(problem: ConvProblem) -> tuple[tuple[int, int], ...]:
-    """(lo, hi) zero padding of dy that every phase's window lies in."""
-    pads = []
-    for out, dim in zip(problem.out_size, _per_dim(problem)):
-        live = [p for p in dim if p.taps > 0 and p.size > 0]
-        lo = max([0] + [-p.start for p in live])
-        hi = max([0] + [p.start + p.size + p.taps - 1 - out for p in live])
-        pads.append((lo, hi))
-    return tuple(pads)
+@lru_cache(maxsize=256)
+def plan(problem: ConvProblem) -> tuple[tuple[Step, ...], tuple[tuple[int, int], ...]]:
+    """(the phases some tap reaches that have outputs, the (lo, hi) zero padding of dy
+    that all their windows lie in), worked out once per problem."""
+    per_dim = [[p for p in phases_1d(n, k, s, lo) if p.taps > 0 and p.size > 0]
+               for n, k, s, (lo, _) in zip(problem.in_size, problem.kernel, problem.stride,
+                                           problem.padding)]
+    pads = tuple((max([0] + [-p.start for p in dim]),
+                  max([0] + [p.start + p.size + p.taps - 1 - out for p in dim]))
+                 for out, dim in zip(problem.out_size, per_dim))
+    lead = 2 - problem.ndim
+    steps = tuple(
+        Step(phase, sub_problem(problem, phase),
+             (0,) * lead + tuple(p.r for p in phase),
+             (1,) * lead + problem.stride,
+             (0,) * lead + tuple(p.start + lo for p, (lo, _) in zip(phase, pads)))
+        for phase in itertools.product(*per_dim))
+    return steps, pads
 
 
 def reason(problem: ConvProblem) -> str | None:
@@ -101,21 +112,8 @@ def sub_kernel(w: np.ndarray, problem: ConvProblem, phase: tuple[Phase, ...]) ->
     return flipped_view(w[(slice(None), *every_sth, slice(None))])
 
 
-def placement(problem: ConvProblem, phase: tuple[Phase, ...]
-              ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
-    """(first, step) of the phase's outputs in dx and the (row, column) origin of its
-    window in the padded dy, as 2-D (row, column) pairs (a 1-D problem is one row)."""
-    lead = 2 - problem.ndim
-    pads = dy_padding(problem)
-    first = (0,) * lead + tuple(p.r for p in phase)
-    step = (1,) * lead + problem.stride
-    origin = (0,) * lead + tuple(p.start + lo for p, (lo, _) in zip(phase, pads))
-    return first, step, origin  # type: ignore[return-value]
-
-
 def workspace(problem: ConvProblem) -> int:
     """Bytes: the padded dy and the packed sub-kernels (as many weights as w)."""
-    padded = math.prod(o + lo + hi for o, (lo, hi) in zip(problem.out_size,
-                                                          dy_padding(problem)))
+    padded = math.prod(o + lo + hi for o, (lo, hi) in zip(problem.out_size, plan(problem)[1]))
     weights = problem.out_channels * math.prod(problem.kernel) * problem.in_channels
     return 4 * (problem.batch * padded * problem.out_channels + weights)
