@@ -42,8 +42,13 @@ class PreparedConv:
         self._kernels: dict[tuple[Any, ...], Kernel] = {}
         self._packed: dict[tuple[Any, ...], np.ndarray] = {}
 
+    def serves(self, x: np.ndarray) -> bool:
+        """Whether x goes to the prepared kernel (float32 weights and x, finite weights,
+        a non-empty batch) rather than through :func:`convengine.conv`."""
+        return self.fast and x.dtype == np.float32 and x.shape[0] > 0
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        if not self.fast or x.dtype != np.float32 or x.shape[0] == 0:
+        if not self.serves(x):
             return api.conv(x, self.weights(), layout="NHWC", **self.args)
         key = (x.shape, get_num_threads())
         kernel = self._kernels.get(key)

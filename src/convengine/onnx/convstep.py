@@ -90,7 +90,7 @@ class ConvStep:
 
     def __call__(self, x: Array, extra: Sequence[Array]) -> Array:
         xl = to_last(x)
-        if not self.conv.fast or xl.dtype != np.float32 or xl.shape[0] == 0:
+        if not self.conv.serves(xl):
             y = to_first(api.conv(xl, self.conv.weights(), self.bias, layout="NHWC",
                                   **self.conv.args))
             return apply_steps(y, self.steps, extra)
