@@ -107,13 +107,10 @@ def _make_ukernel_taps(mr_rows: int) -> Any:
                          bias, mult, i, types.float32, types.float32, i)
 
         def codegen(context, builder, signature, args):
-            a_arr = context.make_array(signature.args[0])(context, builder, args[0])
-            b_arr = context.make_array(signature.args[3])(context, builder, args[3])
             t_arr = context.make_array(signature.args[7])(context, builder, args[7])
-            a_off_v, lda_v, b_off_v, c4n_v, taps_v, mr_v = (args[k] for k in (1, 2, 4, 5, 6, 8))
-            intp = a_off_v.type
-            a_rows = _row_ptrs(builder, builder.gep(a_arr.data, [a_off_v]), lda_v, mr_v, mr_rows)
-            b0 = builder.gep(b_arr.data, [b_off_v])
+            c4n_v, taps_v = args[5], args[6]
+            intp = c4n_v.type
+            a_rows, b0 = _operands(context, builder, signature, args, 8, mr_rows)
             accs = [[cgutils.alloca_once_value(builder, ir.Constant(_V16, None))
                      for _ in range(4)] for _ in range(mr_rows)]
             with cgutils.for_range(builder, taps_v) as tl:
@@ -194,12 +191,9 @@ def _tile_codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any
                   mr_rows: int, nvec: int) -> list[list[ir.Value]]:
     """The tile's K loop; returns its accumulators (allocas of <16 x i32>, [row][vector]),
     started from ``c`` when ``acc_in`` is non-zero, else from zero."""
-    a_arr = context.make_array(signature.args[0])(context, builder, args[0])
-    b_arr = context.make_array(signature.args[3])(context, builder, args[3])
-    a_off_v, lda_v, b_off_v, kc4_v, mr_v, acc_in_v = (args[k] for k in (1, 2, 4, 5, 6, 9))
-    intp = a_off_v.type
-    rows = _row_ptrs(builder, builder.gep(a_arr.data, [a_off_v]), lda_v, mr_v, mr_rows)
-    b0 = builder.gep(b_arr.data, [b_off_v])
+    kc4_v, acc_in_v = args[5], args[9]
+    intp = kc4_v.type
+    rows, b0 = _operands(context, builder, signature, args, 6, mr_rows)
     zero = ir.Constant(_V16, None)
     keep = builder.icmp_signed("!=", acc_in_v, ir.Constant(intp, 0))
     c_ptr = _c_ptrs(context, builder, signature, args)
@@ -211,6 +205,18 @@ def _tile_codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any
     ]
     _k_loop(builder, rows, b0, kc4_v, accs, nvec)
     return accs
+
+
+def _operands(context: Any, builder: ir.IRBuilder, signature: Any, args: Any, mr_at: int,
+              mr_rows: int) -> tuple[list[ir.Value], ir.Value]:
+    """The micro-kernels' operands from their first five arguments (a, a_off, lda, b,
+    b_off) and ``mr`` (argument ``mr_at``): A's row pointers (:func:`_row_ptrs`) and B's
+    start."""
+    a_arr = context.make_array(signature.args[0])(context, builder, args[0])
+    b_arr = context.make_array(signature.args[3])(context, builder, args[3])
+    rows = _row_ptrs(builder, builder.gep(a_arr.data, [args[1]]), args[2], args[mr_at],
+                     mr_rows)
+    return rows, builder.gep(b_arr.data, [args[4]])
 
 
 def _row_ptrs(builder: ir.IRBuilder, a0: ir.Value, lda: ir.Value, mr: ir.Value,
