@@ -73,3 +73,70 @@ def test_fused_conv_sees_weights_changed_through_pytorch():
     check(fused(x))
     for twin in (copy.deepcopy(fused), pickle.loads(pickle.dumps(fused))):
         check(twin(x))
+
+
+def _epilogue_reference(y: np.ndarray, bias, residual, activation: str) -> np.ndarray:
+    v = y + (0 if bias is None else bias.astype(np.float64))
+    if residual is not None:
+        v = v + residual
+    if activation in ("relu", "relu6"):
+        v = np.where(v < 0, 0, v)
+    if activation == "relu6":
+        v = np.where(v > 6, 6, v)
+    if activation == "silu":
+        v = v / (1 + np.exp(-v))
+    return v
+
+
+# blocked with 1 to 4 vectors per panel and output channels that fill no panel (the
+# store masks the lanes beyond O); Winograd; a grouped conv (the pass after the conv)
+EPILOGUE_CASES = [
+    ("blocked-o96", (2, 9, 7, 16), (96, 1, 1, 16), {}),
+    ("blocked-o24", (1, 8, 9, 24), (24, 1, 1, 24), {}),
+    ("blocked-o40-3x3", (2, 7, 7, 8), (40, 3, 3, 8), dict(padding=1, stride=2)),
+    ("blocked-o100", (1, 5, 13, 32), (100, 1, 1, 32), {}),
+    ("winograd", (1, 8, 8, 32), (32, 3, 3, 32), dict(padding=1)),
+    ("grouped", (1, 9, 9, 8), (8, 3, 3, 4), dict(padding=1, groups=2)),
+]
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "relu6", "silu"])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), [c[1:] for c in EPILOGUE_CASES],
+                         ids=[c[0] for c in EPILOGUE_CASES])
+def test_epilogue_matches_reference(x_shape, w_shape, kw, with_bias, activation):
+    """act(conv + bias [+ residual]) against the float64 reference, with and without
+    a residual, and with an activation given per call."""
+    rng = np.random.default_rng(5)
+    x, w = random(rng, x_shape, "float32"), random(rng, w_shape, "float32")
+    bias = random(rng, (w_shape[0],), "float32") * 4 if with_bias else None
+    prepared = PreparedConv(w, bias=bias, activation=activation, **kw)
+    conv = reference("forward", x, w, layout="NHWC", **kw) * 4  # values beyond 6 too
+    prepared4 = PreparedConv(w * 4, bias=bias, activation=activation, **kw)
+    residual = random(rng, conv.shape, "float32") * 4
+    for res in (None, residual):
+        want = _epilogue_reference(conv, bias, res, activation)
+        assert_close(prepared4(x, res), want, "float32", f"epilogue {activation}")
+    # another activation for one call; the prepared one afterwards
+    plain = _epilogue_reference(conv / 4, bias, None, "none")
+    assert_close(prepared(x, activation="none"), plain, "float32", "activation override")
+    assert_close(prepared(x), _epilogue_reference(conv / 4, bias, None, activation),
+                 "float32", "prepared activation")
+
+
+def test_epilogue_keeps_nan_and_checks_its_operands():
+    w = np.ones((24, 1, 1, 16), np.float32)
+    x = np.ones((1, 3, 3, 16), np.float32)
+    x[0, 1, 1, 0] = np.nan
+    for activation in ("relu", "relu6"):
+        y = PreparedConv(w, activation=activation)(x)
+        assert np.isnan(y[0, 1, 1]).all() and not np.isnan(np.delete(y.reshape(9, 24), 4, 0)).any()
+    prepared = PreparedConv(w)
+    with pytest.raises(ValueError, match="residual must have the output's shape"):
+        prepared(x, np.zeros((1, 3, 3, 16), np.float32))
+    with pytest.raises(ValueError, match="residual must be C-contiguous float32"):
+        prepared(x, np.zeros((1, 3, 3, 24), np.float64))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        prepared(x, activation="gelu")
+    with pytest.raises(ValueError, match="bias must have shape"):
+        PreparedConv(w, bias=np.zeros(16, np.float32))

@@ -1,13 +1,17 @@
 """A forward conv whose weights are constant, prepared once (inference).
 
-``PreparedConv(w, **conv_args)(x)`` computes ``conv(x, w)`` for channels-last x
-``(N, *S, C)`` and w ``(O, *K, C/g)``, like :func:`convengine.conv` with
-``layout="NHWC"``, but does once what every call of ``conv`` does again: it packs the
+``PreparedConv(w, bias=None, activation="none", **conv_args)(x, residual=None)``
+(``activation=`` of a call overrides the prepared one) computes ``act(conv(x, w) + bias [+ residual])`` for channels-last x ``(N, *S, C)``
+and w ``(O, *K, C/g)``, like :func:`convengine.conv` with ``layout="NHWC"`` followed
+by :mod:`convengine.fused_epilogue`, but does once what every call of ``conv`` does
+again: it packs the
 weights for the algorithm the heuristic picks (``blocked``'s panels, Winograd's
 transformed panels) and binds the kernel per input shape, so a call runs the kernel
 directly: no argument validation, no weight-cache comparison of the weights, no NaN
-scan of them. The caller promises that w does not change (an ONNX session's
-initializers, an optimized inference module's folded weights).
+scan of them. ``blocked`` applies the epilogue in its store (ReLU and ReLU6; SiLU in
+a pass after); the other algorithms in one pass after the conv. The caller promises
+that w does not change (an ONNX session's initializers, an optimized inference
+module's folded weights).
 
 Weights holding NaN or infinity, dtypes other than float32 and empty batches go
 through :func:`convengine.conv` (the NaN rule).
@@ -20,43 +24,85 @@ from typing import Any
 
 import numpy as np
 
-from . import api, registry, select
+from . import api, fused_epilogue, registry, select
 from .algorithms import blocked, winograd
 from .algorithms._finite import nonfinite
 from .threads import get_num_threads
 
-Kernel = Callable[[np.ndarray], np.ndarray]
+Kernel = Callable[[np.ndarray, "np.ndarray | None", str], np.ndarray]
 
 
 class PreparedConv:
-    """``conv(x (N, *S, C)) -> y (N, *S_out, O)`` with constant w ``(O, *K, C/g)``
-    and the keyword arguments of :func:`convengine.conv` (stride, padding, dilation,
-    groups), channels-last."""
+    """``conv(x (N, *S, C), residual=None) -> y (N, *S_out, O)``: ``act(conv(x, w) +
+    bias [+ residual])`` with constant w ``(O, *K, C/g)``, bias ``(O,)`` or None,
+    activation one of :data:`convengine.fused_epilogue.ACTIVATIONS`, residual of y's
+    shape, float32, C-contiguous, and the keyword arguments of :func:`convengine.conv`
+    (stride, padding, dilation, groups), channels-last."""
 
-    def __init__(self, w: np.ndarray, **args: Any) -> None:
+    def __init__(self, w: np.ndarray, *, bias: np.ndarray | None = None,
+                 activation: str = "none", **args: Any) -> None:
+        if activation not in fused_epilogue.ACTIVATIONS:
+            raise ValueError(f"activation must be one of {fused_epilogue.ACTIVATIONS}, "
+                             f"got {activation!r}")
+        if bias is not None and np.shape(bias) != (w.shape[0],):
+            raise ValueError(f"bias must have shape ({w.shape[0]},), got {np.shape(bias)}")
         self._w: np.ndarray | None = np.ascontiguousarray(w)
         self.w_shape = w.shape
         self.args = args
+        self.bias = None if bias is None else np.array(bias, np.float32)  # a copy: constant
+        self.activation = activation
         self.fast = w.dtype == np.float32 and not nonfinite(self._w)
         self._w_users = 0  # kernels that read w itself (not only packed panels)
         self._kernels: dict[tuple[Any, ...], Kernel] = {}
         self._packed: dict[tuple[Any, ...], np.ndarray] = {}
+        self._out_shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
 
     def serves(self, x: np.ndarray) -> bool:
         """Whether x goes to the prepared kernel (float32 weights and x, finite weights,
         a non-empty batch) rather than through :func:`convengine.conv`."""
         return self.fast and x.dtype == np.float32 and x.shape[0] > 0
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray, residual: np.ndarray | None = None,
+                 activation: str | None = None) -> np.ndarray:
+        act = self.activation if activation is None else activation
+        if act not in fused_epilogue.ACTIVATIONS:
+            raise ValueError(f"activation must be one of {fused_epilogue.ACTIVATIONS}, "
+                             f"got {act!r}")
+        if residual is not None and (residual.dtype != np.float32
+                                     or not residual.flags.c_contiguous):
+            raise ValueError(f"residual must be C-contiguous float32, got {residual.dtype}"
+                             f"{'' if residual.flags.c_contiguous else ' (not contiguous)'}")
         if not self.serves(x):
-            return api.conv(x, self.weights(), layout="NHWC", **self.args)
+            return self._epilogue(api.conv(x, self.weights(), layout="NHWC", **self.args),
+                                  residual, act)
         key = (x.shape, get_num_threads())
         kernel = self._kernels.get(key)
         if kernel is None:
             kernel = self._kernels[key] = self._kernel(x)
             if not self._w_users:  # only packed panels are read: keep the weights once
                 self._w = None
-        return kernel(np.ascontiguousarray(x))
+        return kernel(np.ascontiguousarray(x), residual, act)
+
+    def _epilogue(self, y: np.ndarray, residual: np.ndarray | None, activation: str
+                  ) -> np.ndarray:
+        """``act(y + bias [+ residual])`` in one pass over y, in place (none needed:
+        y itself)."""
+        if self.bias is None and residual is None and activation == "none":
+            return y
+        _check_residual(residual, y.shape)
+        y = np.ascontiguousarray(y)  # the pass works in place
+        bias = np.zeros(y.shape[-1], np.float32) if self.bias is None else self.bias
+        res = None if residual is None else residual.reshape(-1, y.shape[-1])
+        fused_epilogue.apply(y.reshape(-1, y.shape[-1]), bias, res, activation)
+        return y
+
+    def out_shape(self, x: np.ndarray) -> tuple[int, ...]:
+        """The output's shape ``(N, *S_out, O)`` for x ``(N, *S, C)``."""
+        shape = self._out_shapes.get(x.shape)
+        if shape is None:
+            problem = api.forward_problem(x, self.weights(), layout="NHWC", **self.args)
+            shape = self._out_shapes[x.shape] = tuple(problem.y_shape("NHWC"))
+        return shape
 
     def weights(self) -> np.ndarray:
         """w ``(O, *K, C/g)``, rebuilt from ``blocked``'s panels when only they are kept
@@ -78,25 +124,43 @@ class PreparedConv:
         if algo.name == "blocked":
             nr = blocked.VEC * blocked._nvec(problem.out_channels)
             wp = self._pack(("blocked", nr), lambda: blocked.pack_weight(w, problem.ndim, nr))
-            return lambda x: blocked._forward(problem, x, wp)
+            bias = None
+            if self.bias is not None:
+                bias = np.zeros(wp.shape[0] * nr, np.float32)
+                bias[:self.bias.size] = self.bias
+            y_shape = problem.y_shape("NHWC")
+
+            def run_blocked(x: np.ndarray, residual: np.ndarray | None, act: str
+                            ) -> np.ndarray:
+                _check_residual(residual, y_shape)
+                inside = act if act in blocked.EPILOGUE_ACTIVATIONS else "none"
+                y = blocked._forward(problem, x, wp, bias, residual, inside)
+                if inside != act:  # SiLU: in a pass after
+                    fused_epilogue.apply(y.reshape(-1, y.shape[-1]),
+                                         np.zeros(y.shape[-1], np.float32), None, act)
+                return y
+            return run_blocked
         self._w_users += 1
         if algo.name in select.WINOGRAD_TILE:
             m = select.WINOGRAD_TILE[algo.name]
             up = self._pack(("winograd", m), lambda: winograd.packed_transform(w, m))
             direct = registry.get("direct", "forward")
 
-            def run_winograd(x: np.ndarray) -> np.ndarray:
+            def run_winograd(x: np.ndarray, residual: np.ndarray | None, act: str
+                             ) -> np.ndarray:
                 y = winograd.winograd_fwd(problem, x, up, m)
                 # None: x held NaN or infinity; the direct loops place them as IEEE does
-                return direct.run(problem, x, w) if y is None else y
+                return self._epilogue(direct.run(problem, x, w) if y is None else y,
+                                      residual, act)
             return run_winograd
         bound = algo.bind(problem)
         if not algo.numpy_math:
-            return lambda x: bound(x, w)
+            return lambda x, residual, act: self._epilogue(bound(x, w), residual, act)
 
-        def run_numpy(x: np.ndarray) -> np.ndarray:
+        def run_numpy(x: np.ndarray, residual: np.ndarray | None, act: str) -> np.ndarray:
             with np.errstate(invalid="ignore", over="ignore"):
-                return bound(x, w)
+                y = bound(x, w)
+            return self._epilogue(y, residual, act)
         return run_numpy
 
     def _pack(self, kind: tuple[Any, ...], make: Callable[[], np.ndarray]) -> np.ndarray:
@@ -104,3 +168,9 @@ class PreparedConv:
         if packed is None:
             packed = self._packed[kind] = make()
         return packed
+
+
+def _check_residual(residual: np.ndarray | None, y_shape: tuple[int, ...]) -> None:
+    if residual is not None and residual.shape != tuple(y_shape):
+        raise ValueError(f"residual must have the output's shape {tuple(y_shape)}, got "
+                         f"{residual.shape}")

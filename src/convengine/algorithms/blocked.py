@@ -9,7 +9,7 @@ no column matrix, no transforms. It suits layers whose reduction is short or who
 im2col GEMM is thin, above all the 3-channel stems (7x7 and 3x3 stride 2).
 
 Serves forward, float32, dense (groups 1), 1-D and 2-D (output channels that are not
-a multiple of 16 padded with zero weights, the padded output cropped); backward-data:
+a multiple of 16 padded with zero weights, the padded lanes not stored); backward-data:
 at stride 1 as the forward conv of dy with the flipped kernel (the stride-1 transpose
 rule), at larger strides (dilation 1, input channels a multiple of 16) as one such
 conv per phase of the stride (:mod:`.blocked_strided`). The micro-kernel
@@ -36,7 +36,7 @@ from ..registry import register
 from ..threads import get_num_threads
 from . import blocked_strided
 from ._common import too_large
-from ._fma import row_pointers, splat, store_rows
+from ._fma import row_pointers, splat, store_rows, vector_ops
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_view
 from .weight_cache import WeightCache
 
@@ -49,6 +49,7 @@ TASKS_PER_THREAD = 8  # parallel tasks per thread, at least (a balanced share)
 # missing every call (measured: ResNet-50 b1 in network order 52 ms at 128 MiB)
 PACKED = WeightCache(512 * 2**20)
 VEC = 16  # float32 lanes of a zmm register
+EPILOGUE_ACTIVATIONS = ("none", "relu", "relu6")  # what the forward's store applies
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, VEC)
 
@@ -60,43 +61,54 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False) -> Any:
     pixels ``r < mr`` and lanes ``j < 16 * nvec``,
     ``y[y_off + r * ys + j] = sum_{a<kh, b<kw, k<c} x[x_off + r*ps + a*hs + b*ws + k]
     * w[w_off + ((a * kw + b) * c + k) * 16 * nvec + j]``.
-    Pixels ``r >= mr`` recompute pixel ``mr - 1`` and are not stored. With ``gather``
-    the pixels' input offsets come from an array instead, ``ukernel(x, offsets, hs,
-    ws, ...)``: ``x[offsets[r] + a*hs + b*ws + k]`` (pixels of several output rows).
+    Pixels ``r >= mr`` recompute pixel ``mr - 1`` and are not stored.
+
+    With ``gather`` the pixels' input offsets come from an array instead, and the
+    store is the inference epilogue: ``ukernel(x, offsets, hs, ws, kh, kw, c, w, w_off,
+    mr, y, y_off, ys, bias, b_off, res, has_res, act, valid)`` reads
+    ``x[offsets[r] + a*hs + b*ws + k]`` (pixels of several output rows) and stores
+    lanes ``j < valid`` only, as ``act(sum + bias[b_off + j] [+ res[y_off + r*ys +
+    j]])`` (the residual where ``has_res``; ``act`` 0: none, 1: ReLU, 2: ReLU6; NaN
+    passes both), the order and roundings of :mod:`convengine.fused_epilogue`.
     """
     nr = VEC * nvec
     i = types.intp
 
     def codegen(context, builder, signature, args):
-        (x_t, x_v), (w_t, w_v), (y_t, y_v) = ((signature.args[k], args[k])
-                                              for k in (0, -6, -3))
-        x_arr = context.make_array(x_t)(context, builder, x_v)
-        w_arr = context.make_array(w_t)(context, builder, w_v)
-        y_arr = context.make_array(y_t)(context, builder, y_v)
-        hs_v, ws_v, kh_v, kw_v, c_v = args[-11:-6]
-        w_off_v, mr_v, _, y_off_v, ys_v = args[-5:]
-        intp = w_off_v.type
+        names = (("x", "offsets", "hs", "ws", "kh", "kw", "c", "w", "w_off", "mr", "y",
+                  "y_off", "ys", "bias", "b_off", "res", "has_res", "act", "valid")
+                 if gather else ("x", "x_off", "ps", "hs", "ws", "kh", "kw", "c", "w",
+                                 "w_off", "mr", "y", "y_off", "ys"))
+        arg = dict(zip(names, args, strict=True))
+        ty = dict(zip(names, signature.args, strict=True))
+
+        def data(name):
+            return context.make_array(ty[name])(context, builder, arg[name]).data
+
+        x_data, w_data, y_data = data("x"), data("w"), data("y")
+        mr_v = arg["mr"]
+        intp = mr_v.type
         if gather:
-            offsets = context.make_array(signature.args[1])(context, builder, args[1]).data
+            offsets = data("offsets")
             last = builder.sub(mr_v, ir.Constant(intp, 1))
             rows = []
             for r in range(mr_rows):
                 rr = ir.Constant(intp, r)
                 use = builder.select(builder.icmp_signed("<", rr, mr_v), rr, last)
-                rows.append(builder.gep(x_arr.data, [builder.load(builder.gep(offsets, [use]))]))
+                rows.append(builder.gep(x_data, [builder.load(builder.gep(offsets, [use]))]))
         else:
-            rows = row_pointers(builder, builder.gep(x_arr.data, [args[1]]), mr_rows, mr_v,
-                                args[2])
+            rows = row_pointers(builder, builder.gep(x_data, [arg["x_off"]]), mr_rows, mr_v,
+                                arg["ps"])
         fma = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]), "llvm.fma.v16f32")
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VF, None))
                  for _ in range(nvec)] for _ in range(mr_rows)]
-        w_pos = cgutils.alloca_once_value(builder, builder.gep(w_arr.data, [w_off_v]))
-        with cgutils.for_range(builder, kh_v) as a_loop:
-            off_a = builder.mul(a_loop.index, hs_v)
-            with cgutils.for_range(builder, kw_v) as b_loop:
-                off_ab = builder.add(off_a, builder.mul(b_loop.index, ws_v))
-                with cgutils.for_range(builder, c_v) as k_loop:
+        w_pos = cgutils.alloca_once_value(builder, builder.gep(w_data, [arg["w_off"]]))
+        with cgutils.for_range(builder, arg["kh"]) as a_loop:
+            off_a = builder.mul(a_loop.index, arg["hs"])
+            with cgutils.for_range(builder, arg["kw"]) as b_loop:
+                off_ab = builder.add(off_a, builder.mul(b_loop.index, arg["ws"]))
+                with cgutils.for_range(builder, arg["c"]) as k_loop:
                     off = builder.add(off_ab, k_loop.index)
                     wp = builder.load(w_pos)
                     wv = [builder.load(builder.bitcast(
@@ -109,11 +121,17 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False) -> Any:
                         for j in range(nvec):
                             acc = accs[r][j]
                             builder.store(builder.call(fma, [xv, wv[j], builder.load(acc)]), acc)
-        store_rows(builder, accs, builder.gep(y_arr.data, [y_off_v]), mr_v, ys_v, 4)
+        y0 = builder.gep(y_data, [arg["y_off"]])
+        if gather:
+            _store_epilogue(context, builder, accs, y0, arg, data("bias"), data("res"))
+        else:
+            store_rows(builder, accs, y0, mr_v, arg["ys"], 4)
         return context.get_dummy_value()
 
-    def gathered(typingctx, x, offsets, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys):
-        return types.void(x, offsets, i, i, i, i, i, w, i, i, y, i, i), codegen
+    def gathered(typingctx, x, offsets, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys,
+                 bias, b_off, res, has_res, act, valid):
+        return types.void(x, offsets, i, i, i, i, i, w, i, i, y, i, i, bias, i, res,
+                          types.boolean, i, i), codegen
 
     def strided(typingctx, x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys):
         return types.void(x, i, i, i, i, i, i, i, w, i, i, y, i, i), codegen
@@ -121,6 +139,59 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False) -> Any:
     ukernel = gathered if gather else strided
     ukernel.__name__ = f"ukernel_{mr_rows}x{nr}{'_gather' if gather else ''}"
     return intrinsic(ukernel)
+
+
+def _store_epilogue(context, builder, accs, y0, arg, bias_data, res_data) -> None:
+    """The epilogue store of :func:`_make_ukernel`'s gathered kernel: rows ``r < mr``
+    of the register block ``accs``, lanes below ``valid``; one straight-line copy of
+    the stores per (residual, activation), chosen once per tile."""
+    ops = vector_ops(context, builder, types.float32)
+    intp = arg["mr"].type
+    i32 = ir.IntType(32)
+    lane_ids = ir.Constant(ir.VectorType(i32, VEC), list(range(VEC)))
+    zero, six = ir.Constant(_VF, None), ir.Constant(_VF, [6.0] * VEC)
+    valid = builder.trunc(arg["valid"], i32)
+    masks, biases = [], []
+    for j in range(len(accs[0])):
+        left = splat(builder, builder.sub(valid, ir.Constant(i32, VEC * j)),
+                     ir.VectorType(i32, VEC))
+        masks.append(builder.icmp_signed("<", lane_ids, left))
+        at = builder.gep(bias_data, [builder.add(arg["b_off"], ir.Constant(intp, VEC * j))])
+        biases.append(builder.load(builder.bitcast(at, _VF.as_pointer()), align=4))
+    res0 = builder.gep(res_data, [arg["y_off"]])
+
+    def stores(residual: bool, act: int) -> None:
+        for r, row in enumerate(accs):
+            with builder.if_then(builder.icmp_signed("<", ir.Constant(intp, r), arg["mr"]),
+                                 likely=True):
+                step = builder.mul(ir.Constant(intp, r), arg["ys"])
+                for j, acc_ptr in enumerate(row):
+                    at = builder.add(step, ir.Constant(intp, VEC * j))
+                    v = builder.fadd(builder.load(acc_ptr), biases[j])
+                    if residual:
+                        r_ptr = builder.bitcast(builder.gep(res0, [at]), _VF.as_pointer())
+                        v = builder.fadd(v, builder.call(ops.load, [r_ptr, ops.align, masks[j],
+                                                                    zero]))
+                    if act >= 1:  # ordered compares: NaN stays NaN
+                        v = builder.select(builder.fcmp_ordered("<", v, zero), zero, v)
+                    if act == 2:
+                        v = builder.select(builder.fcmp_ordered(">", v, six), six, v)
+                    y_ptr = builder.bitcast(builder.gep(y0, [at]), _VF.as_pointer())
+                    builder.call(ops.store, [v, y_ptr, ops.align, masks[j]])
+
+    has_res = builder.icmp_unsigned("!=", arg["has_res"], ir.Constant(arg["has_res"].type, 0))
+    with builder.if_else(has_res) as (with_res, without_res):
+        for residual, branch in ((True, with_res), (False, without_res)):
+            with branch:
+                done = builder.append_basic_block("epilogue_done")
+                switch = builder.switch(arg["act"], done)
+                for act in range(len(EPILOGUE_ACTIVATIONS)):
+                    block = builder.append_basic_block(f"act{act}")
+                    switch.add_case(ir.Constant(intp, act), block)
+                    builder.position_at_end(block)
+                    stores(residual, act)
+                    builder.branch(done)
+                builder.position_at_end(done)
 
 
 @cache
@@ -167,19 +238,22 @@ def _gather_driver(nvec: int) -> Any:
     """The compiled forward over all ``N x OH x OW`` output pixels in micro-tiles of
     ``MR`` consecutive pixels, which may run over the end of an output row (their
     input offsets gathered per tile), so that short rows fill the tiles:
-    ``run(xp (N,Hp,Wp,C), wp (O/NR,KH,KW,C,NR), y (N,OH,OW,O), sh, sw, dh, dw,
-    per_task)``, each task ``per_task`` tiles of one output-channel block."""
+    ``run(xp (N,Hp,Wp,C), wp (O'/NR,KH,KW,C,NR), y (N,OH,OW,O), bias (O',), res,
+    has_res, act, sh, sw, dh, dw, per_task)`` with the epilogue of the gathered
+    :func:`_make_ukernel` (``res`` y's shape, read where ``has_res``; O <= O', the
+    panels' zero-padded channels not stored), each task ``per_task`` tiles of one
+    output-channel block."""
     mr = MR * 4 // nvec
     nr = VEC * nvec
     src = Source(__name__, f"blocked_gather_nr{nr}")
     src.expr("ukernel", f"_make_ukernel({mr}, {nvec}, gather=True)")
     ukernel = None  # bound in the kernel module
 
-    def run(xp, wp, y, sh, sw, dh, dw, per_task):  # noqa: PLR0913
+    def run(xp, wp, y, bias, res, has_res, act, sh, sw, dh, dw, per_task):  # noqa: PLR0913
         n_, hp, wpx, c_ = xp.shape
         _, oh_, ow_, o_ = y.shape
         blocks, kh_, kw_ = wp.shape[0], wp.shape[1], wp.shape[2]
-        xf, wf, yf = xp.reshape(-1), wp.reshape(-1), y.reshape(-1)
+        xf, wf, yf, rf = xp.reshape(-1), wp.reshape(-1), y.reshape(-1), res.reshape(-1)
         image, pixels = oh_ * ow_, n_ * oh_ * ow_
         tiles = (pixels + mr - 1) // mr
         wblock = kh_ * kw_ * c_ * nr
@@ -203,7 +277,8 @@ def _gather_driver(nvec: int) -> Any:
                         if i == oh_:
                             i, n = 0, n + 1
                 ukernel(xf, offsets, dh * wpx * c_, dw * c_, kh_, taps, run_len,
-                        wf, ob * wblock, m, yf, p0 * o_ + ob * nr, o_)
+                        wf, ob * wblock, m, yf, p0 * o_ + ob * nr, o_, bias, ob * nr, rf,
+                        has_res, act, min(nr, o_ - ob * nr))
 
     src.function(run, parallel=True, nogil=True)
     return load(src).run
@@ -267,7 +342,7 @@ def dense_float32_2d(problem: ConvProblem) -> str | None:
 
 def _supports(problem: ConvProblem, padded_channels: bool = True) -> str | None:
     """Forward problems; output channels that are not a multiple of 16 only where
-    ``padded_channels`` (the forward pads its panels and crops a padded output;
+    ``padded_channels`` (the forward pads its panels and stores the real lanes;
     backward-data's phases write their slices of dx in place)."""
     reason = dense_float32_2d(problem)
     if reason is not None:
@@ -335,24 +410,29 @@ def _workspace(problem: ConvProblem) -> int:
     return 4 * (padded + weights)
 
 
-def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray) -> np.ndarray:
+def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray,
+             bias: np.ndarray | None = None, residual: np.ndarray | None = None,
+             activation: str = "none") -> np.ndarray:
     """The forward conv of x (N, *S, C) by packed weights wp (:func:`pack_weight`),
-    over all output pixels in tiles (:func:`_gather_driver`)."""
+    over all output pixels in tiles (:func:`_gather_driver`), with the inference
+    epilogue in its store: ``act(conv + bias [+ residual])``, bias (O',) float32
+    zero-padded to the panels' channels O' (None: no bias), residual (N, *S_out, O)
+    float32 C-contiguous or None, activation one of ``EPILOGUE_ACTIVATIONS``."""
     shape = problem.y_shape("NHWC")
-    padded = wp.shape[0] * wp.shape[-1]  # output channels of the panels
-    y = memory.empty((*shape[:-1], padded), np.float32)
+    y = memory.empty(shape, np.float32)
     lead = 2 - problem.ndim
     sh, sw = (1,) * lead + problem.stride
     dh, dw = (1,) * lead + problem.dilation
     nvec = wp.shape[-1] // VEC
+    panels = wp.shape[0] * wp.shape[-1]
+    if bias is None:
+        bias = np.zeros(panels, np.float32)
     tiles = -(-problem.batch * math.prod(problem.out_size) // (MR * 4 // nvec))
-    _gather_driver(nvec)(padded_input(x, problem), wp, _as2d(y, problem.ndim), sh, sw, dh,
-                         dw, _per_task(tiles, wp.shape[0]))
-    if padded == shape[-1]:
-        return y
-    cropped = memory.empty(shape, np.float32)  # O not a multiple of 16: drop the padding
-    np.copyto(cropped, y[..., :shape[-1]])
-    return cropped
+    _gather_driver(nvec)(padded_input(x, problem), wp, _as2d(y, problem.ndim), bias,
+                         y if residual is None else residual, residual is not None,
+                         EPILOGUE_ACTIVATIONS.index(activation), sh, sw, dh, dw,
+                         _per_task(tiles, wp.shape[0]))
+    return y
 
 
 def _per_task(tiles: int, blocks: int) -> int:

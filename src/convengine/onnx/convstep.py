@@ -2,8 +2,8 @@
 :class:`convengine.prepared.PreparedConv` (weights laid out channels-last and packed
 once for the algorithm convengine's heuristic picks per input shape, the kernel called
 directly: no per-call validation, weight-cache lookup or NaN scan of constant
-weights), then bias + residual + ReLU / ReLU6 / SiLU in one parallel pass over the
-output (:mod:`convengine.fused_epilogue`).
+weights), with bias + residual + ReLU / ReLU6 / SiLU as its epilogue (in the
+kernel's store or one parallel pass over the output).
 
 Weights holding NaN or infinity, dtypes other than float32 and empty batches take
 :func:`convengine.conv` (the NaN rule); activations the fused pass lacks run in numpy
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import api, fused_epilogue
+from .. import api
 from ..prepared import PreparedConv
 from .ops import Array, hard_sigmoid, sigmoid, to_first, to_last
 
@@ -76,17 +76,15 @@ class ConvStep:
 
     def __init__(self, w: Array, b: Array | None, args: Mapping[str, Any],
                  steps: Sequence[tuple[str, Any]]) -> None:
-        self.conv = PreparedConv(np.moveaxis(w, 1, -1), **args)
-        out_channels = w.shape[0]
-        self.bias = (np.zeros(out_channels, w.dtype) if b is None
-                     else np.ascontiguousarray(b, dtype=w.dtype))
+        self.bias = None if b is None else np.ascontiguousarray(b, dtype=w.dtype)
         self.steps = list(steps)
         adds = [arg for kind, arg in self.steps if kind == "add"]
         self.residual = adds[0] if len(adds) == 1 and self.steps[0][0] == "add" else None
         rest = self.steps[1:] if self.residual is not None else self.steps
         act = fused_activation(rest[0]) if len(rest) == 1 else None
-        self.activation = act or "none"
-        self.rest = [] if act else rest  # run in numpy after the fused pass
+        self.rest = [] if act else rest  # run in numpy after the fused epilogue
+        self.conv = PreparedConv(np.moveaxis(w, 1, -1), bias=self.bias,
+                                 activation=act or "none", **args)
 
     def __call__(self, x: Array, extra: Sequence[Array]) -> Array:
         xl = to_last(x)
@@ -94,16 +92,12 @@ class ConvStep:
             y = to_first(api.conv(xl, self.conv.weights(), self.bias, layout="NHWC",
                                   **self.conv.args))
             return apply_steps(y, self.steps, extra)
-        y = self.conv(xl)
-        rows = y.reshape(-1, y.shape[-1])
-        residual, rest = None, self.rest
-        if self.residual is not None:
-            r = to_last(np.asarray(extra[self.residual]))
-            if r.shape == y.shape and r.dtype == np.float32:
-                residual = np.ascontiguousarray(r).reshape(rows.shape)
-        if self.residual is None or residual is not None:
-            fused_epilogue.apply(rows, self.bias, residual, self.activation)
-        else:  # a broadcasting residual: bias fused, the rest in numpy
-            fused_epilogue.apply(rows, self.bias, None, "none")
-            rest = self.steps
-        return apply_steps(to_first(y), rest, extra) if rest else to_first(y)
+        if self.residual is None:
+            y = self.conv(xl)
+            return apply_steps(to_first(y), self.rest, extra) if self.rest else to_first(y)
+        r = to_last(np.asarray(extra[self.residual]))
+        if r.shape == self.conv.out_shape(xl) and r.dtype == np.float32:
+            y = self.conv(xl, np.ascontiguousarray(r))
+            return apply_steps(to_first(y), self.rest, extra) if self.rest else to_first(y)
+        # a broadcasting residual: the bias fused, the rest in numpy
+        return apply_steps(to_first(self.conv(xl, activation="none")), self.steps, extra)

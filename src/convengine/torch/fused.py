@@ -1,10 +1,10 @@
 """``FusedConv2d``: an inference conv with its epilogue in one pass.
 
-``y = act(conv(x, w) + b [+ r])`` for float32 NCHW-shaped tensors: the conv runs as
-any convengine conv (``auto``: tuned or heuristic algorithm), then one parallel pass
-over its channels-last output adds the bias and the residual and applies the
-activation in place (:mod:`convengine.fused_epilogue`), where PyTorch eager runs
-BatchNorm, the add and the activation as three passes. Results come back
+``y = act(conv(x, w) + b [+ r])`` for float32 NCHW-shaped tensors: the conv runs on
+the heuristic's algorithm, and its epilogue (bias, residual, activation) runs in the
+kernel's store (``blocked``) or in one parallel pass over its channels-last output
+(:mod:`convengine.fused_epilogue`), where PyTorch eager runs BatchNorm, the add and
+the activation as three passes. Results come back
 channels-last (NCHW shape, ``torch.channels_last`` strides). Built by
 :func:`convengine.torch.optimize` (BatchNorm folded into ``w`` and ``b``).
 
@@ -74,7 +74,7 @@ class FusedConv2d(nn.Module):
         self.register_buffer("bias", bias.detach().float().contiguous())
         self.stride, self.padding, self.dilation = stride, padding, dilation
         self.groups, self.activation, self.residual = groups, activation, residual
-        self._prepared_for: tuple[int, int, int] | None = None
+        self._prepared_for: tuple[int, ...] | None = None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.dtype != torch.float32:
@@ -84,20 +84,16 @@ class FusedConv2d(nn.Module):
         if (residual is not None) != self.residual:
             raise TypeError(f"this FusedConv2d takes {'a' if self.residual else 'no'} "
                             f"residual operand")
+        conv = self._prepared()
         xv = to_numpy(x, "input").transpose(0, 2, 3, 1)  # an NHWC view
-        y = self._prepared()(xv)
-        bias, rows = to_numpy(self.bias, "bias"), y.reshape(-1, y.shape[-1])  # a view
-        out = from_numpy(y).permute(0, 3, 1, 2)
         if residual is None:
-            fused_epilogue.apply(rows, bias, None, self.activation)
-            return out
+            return from_numpy(conv(xv)).permute(0, 3, 1, 2)
         rv = to_numpy(residual, "residual").transpose(0, 2, 3, 1)
-        if rv.shape == y.shape and rv.dtype == np.float32:
-            fused_epilogue.apply(rows, bias, rv.reshape(rows.shape), self.activation)
-            return out
+        if rv.shape == conv.out_shape(xv) and rv.dtype == np.float32:
+            return from_numpy(conv(xv, np.ascontiguousarray(rv))).permute(0, 3, 1, 2)
         # broadcasting or type promotion (the trace knew no shapes): PyTorch's own add
         # and activation after the conv, so that the model's semantics stay
-        fused_epilogue.apply(rows, bias, None, "none")
+        out = from_numpy(conv(xv, activation="none")).permute(0, 3, 1, 2)
         return _TORCH_ACTS[self.activation](out + residual)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -109,14 +105,18 @@ class FusedConv2d(nn.Module):
         return state
 
     def _prepared(self) -> PreparedConv:
-        """The prepared conv of the current weight (made again when it changed)."""
-        w = self.weight
-        stamp = (id(w), w._version, w.data_ptr())
+        """The prepared conv of the current weight and bias (made again when either
+        changed)."""
+        w, b = self.weight, self.bias
+        stamp = (id(w), w._version, w.data_ptr(), id(b), b._version, b.data_ptr())
         if self._prepared_for != stamp:
             wv = np.ascontiguousarray(to_numpy(w, "weight").transpose(0, 2, 3, 1))
-            self._conv = PreparedConv(wv, stride=self.stride, padding=self.padding,
-                                      dilation=self.dilation, groups=self.groups)
-            self._prepared_for, self._weight_ref = stamp, w  # w kept: its id stays its own
+            self._conv = PreparedConv(wv, bias=to_numpy(b, "bias"),
+                                      activation=self.activation, stride=self.stride,
+                                      padding=self.padding, dilation=self.dilation,
+                                      groups=self.groups)
+            # w and b kept: their ids stay their own
+            self._prepared_for, self._weight_ref = stamp, (w, b)
         return self._conv
 
     def extra_repr(self) -> str:
