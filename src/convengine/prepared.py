@@ -1,11 +1,11 @@
 """A forward conv whose weights are constant, prepared once (inference).
 
 ``PreparedConv(w, bias=None, activation="none", **conv_args)(x, residual=None)``
-(``activation=`` of a call overrides the prepared one) computes ``act(conv(x, w) + bias [+ residual])`` for channels-last x ``(N, *S, C)``
-and w ``(O, *K, C/g)``, like :func:`convengine.conv` with ``layout="NHWC"`` followed
-by :mod:`convengine.fused_epilogue`, but does once what every call of ``conv`` does
-again: it packs the
-weights for the algorithm the heuristic picks (``blocked``'s panels, Winograd's
+computes ``act(conv(x, w) + bias [+ residual])`` (a call's ``activation=`` overrides
+the prepared one) for channels-last x ``(N, *S, C)`` and w ``(O, *K, C/g)``, like
+:func:`convengine.conv` with ``layout="NHWC"`` followed by
+:mod:`convengine.fused_epilogue`, but does once what every call of ``conv`` does
+again: it packs the weights for the algorithm the heuristic picks (``blocked``'s panels, Winograd's
 transformed panels) and binds the kernel per input shape, so a call runs the kernel
 directly: no argument validation, no weight-cache comparison of the weights, no NaN
 scan of them. ``blocked`` applies the epilogue in its store (ReLU and ReLU6; SiLU in
