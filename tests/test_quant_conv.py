@@ -222,6 +222,39 @@ def test_depthwise_requantization_ties_and_saturation():
             assert_equal_q(np.moveaxis(y, 1, -1), want, f"{np.dtype(out_dtype)} zp={zp}")
 
 
+@pytest.mark.skipif(not HAS_VNNI, reason="the requantizing micro-kernels are VNNI kernels")
+@pytest.mark.parametrize("k", [1, 3])
+def test_int32_bias_requantization_ties_and_saturation(k, monkeypatch):
+    """ONNX's float64 epilogue in the micro-kernels (1x1: conv_vnni; 3x3: implicit GEMM)
+    against the numpy form on exact .5 ties (multiplier 0.5, odd sums), sums that wrap
+    int32 and values far outside the output range, a ragged last column block."""
+    from convengine.quant import api, kernels
+
+    monkeypatch.setattr(cpu, "int8_path", lambda: "vnni")
+    monkeypatch.setattr(api, "IMPLICIT_MIN_WIDTH", 1)
+    calls = []
+    real = kernels.conv_vnni_taps
+    monkeypatch.setattr(kernels, "conv_vnni_taps", lambda *a: calls.append(1) or real(*a))
+    o = 70
+    x = np.zeros((1, 4, 1, 1), np.uint8)
+    x[0, 0, 0, 0] = 1
+    w = np.zeros((o, 4, k, k), np.int8)
+    w[:, 0, k // 2, k // 2] = np.arange(o) % 7 - 3
+    bias = np.array([1, 3, -1, -5, 2**31 - 2, -(2**31), 10**9, -(10**9), 255, 511] * 7,
+                    np.int32)
+    acc = np.moveaxis(ref_acc(x, 0, w, 0, (1, 1), (k // 2,) * 2, (1, 1), 1), 1, -1)
+    for out_dtype, zp in [(np.uint8, 0), (np.uint8, 200), (np.int8, -3)]:
+        for relu in (False, True):
+            rq = requant_params(1.0, np.full(o, 0.5), 1.0, zp, o, bias, out_dtype=out_dtype,
+                                relu=relu, bias_mode="int32")
+            want = apply_requant(acc.astype(np.int32), rq, out_dtype)
+            y = qconv(x, 1.0, 0, w, np.full(o, 0.5), 0, bias, out_scale=1.0,
+                      out_zero_point=zp, out_dtype=out_dtype, relu=relu, bias_mode="int32",
+                      padding=k // 2, algo="vnni", layout="NCHW")
+            assert_equal_q(np.moveaxis(y, 1, -1), want, f"{np.dtype(out_dtype)} zp={zp}")
+    assert len(calls) == (6 if k == 3 else 0)
+
+
 def test_weights_changed_in_place_are_repacked():
     rng = np.random.default_rng(5)
     x, xzp, w, wzp, ws, conv_args = _make(CASES[0], rng)
@@ -378,11 +411,13 @@ def test_implicit_gemm_against_int64_reference(n, c, o, h, w, k, pad, s, threads
     ss = (s, s) if isinstance(s, int) else s
     args = dict(stride=ss, padding=pp, dilation=(1, 1), groups=1)
     acc = ref_acc(x, 37, wq, np.zeros(o, np.int64), **args)
-    for relu, out_dtype in [(False, np.uint8), (True, np.int8)]:
+    for relu, out_dtype, mode in [(False, np.uint8, "float"), (True, np.int8, "float"),
+                                  (False, np.uint8, "int32"), (True, np.int8, "int32")]:
+        b = bias if mode == "float" else np.round(bias * 100).astype(np.int32)
         want = apply_requant(np.moveaxis(acc, 1, -1).astype(np.int32),
-                             requant_params(0.02, ws, 0.7, 3, o, bias, out_dtype=out_dtype,
-                                            relu=relu), out_dtype)
-        y = qconv(x, 0.02, 37, wq, ws, 0, bias, out_scale=0.7, out_zero_point=3,
-                  out_dtype=out_dtype, relu=relu, algo="vnni", **args)
-        assert_equal_q(y, np.moveaxis(want, -1, 1), f"relu={relu}")
-    assert calls
+                             requant_params(0.02, ws, 0.7, 3, o, b, out_dtype=out_dtype,
+                                            relu=relu, bias_mode=mode), out_dtype)
+        y = qconv(x, 0.02, 37, wq, ws, 0, b, out_scale=0.7, out_zero_point=3,
+                  out_dtype=out_dtype, relu=relu, bias_mode=mode, algo="vnni", **args)
+        assert_equal_q(y, np.moveaxis(want, -1, 1), f"relu={relu} {mode}")
+    assert len(calls) == 4

@@ -1,6 +1,7 @@
 """LLVM IR helpers shared by the int8 kernels' intrinsics: splats, lane masks, masked
-loads and stores of 16-lane vectors, and the float32 requantization of int32 lanes
-(:func:`requant_codegen`, equal to ``kernels._epilogue`` in mode 0)."""
+loads and stores of 16-lane vectors, and the requantization of int32 lanes
+(:func:`requant_codegen`: float32, ``kernels._epilogue`` mode 0;
+:func:`requant_i32_codegen`: int32 bias, float64, mode 1)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ VB = ir.VectorType(_I8, LANES)
 VI = ir.VectorType(_I32, LANES)
 VF = ir.VectorType(ir.FloatType(), LANES)
 VM = ir.VectorType(_I1, LANES)
+_VD8 = ir.VectorType(ir.DoubleType(), 8)
+_VI8 = ir.VectorType(_I32, 8)
 
 
 def splat(builder: ir.IRBuilder, value: ir.Value, vty: ir.VectorType) -> ir.Value:
@@ -64,3 +67,32 @@ def requant_codegen(builder: ir.IRBuilder, acc: ir.Value, bias: ir.Value, mult: 
     q = builder.call(cvt, [v, ir.Constant(VI, None), ir.Constant(_I16, -1),
                            ir.Constant(_I32, 8)])
     return builder.add(q, splat(builder, builder.trunc(zp, _I32), VI))
+
+
+def requant_i32_codegen(builder: ir.IRBuilder, acc: ir.Value, bias: ir.Value, mult: ir.Value,
+                        qmin: ir.Value, qmax: ir.Value, zp: ir.Value) -> ir.Value:
+    """ONNX QLinearConv's ``rint(clamp(f64(acc + bias) * f64(mult) + zp, lo, hi))`` in
+    int32 lanes (``acc``, ``bias`` <16 x i32>, the sum wrapping as int32; ``mult``
+    <16 x float>; ``qmin``/``qmax`` float32 ``lo - zp``/``hi - zp``, so ``lo`` and ``hi``
+    are rebuilt exactly), in two halves of 8 float64 lanes. Equal to ``_epilogue``'s
+    mode 1: clamping before the rounding ``vcvtpd2dq`` {rn-sae} (ties to even), as
+    there."""
+    s = builder.add(acc, bias)
+    zp_d = builder.sitofp(zp, ir.DoubleType())
+    lo = splat(builder, builder.fadd(builder.fpext(qmin, ir.DoubleType()), zp_d), _VD8)
+    hi = splat(builder, builder.fadd(builder.fpext(qmax, ir.DoubleType()), zp_d), _VD8)
+    zpv = splat(builder, zp_d, _VD8)
+    cvt = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_VI8, [_VD8, _VI8, _I8, _I32]),
+        "llvm.x86.avx512.mask.cvtpd2dq.512")
+    halves = []
+    for h in range(2):
+        pick = ir.Constant(_VI8, list(range(8 * h, 8 * h + 8)))
+        a = builder.sitofp(builder.shuffle_vector(s, s, pick), _VD8)
+        m = builder.fpext(builder.shuffle_vector(mult, mult, pick), _VD8)
+        v = builder.fadd(builder.fmul(a, m), zpv)
+        v = builder.select(builder.fcmp_ordered(">", v, lo), v, lo)
+        v = builder.select(builder.fcmp_ordered("<", v, hi), v, hi)
+        halves.append(builder.call(cvt, [v, ir.Constant(_VI8, None), ir.Constant(_I8, -1),
+                                         ir.Constant(_I32, 8)]))
+    return builder.shuffle_vector(halves[0], halves[1], ir.Constant(VI, list(range(LANES))))

@@ -26,7 +26,16 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._ir import VB, VF, VI, lane_mask, masked_store, requant_codegen, splat
+from ._ir import (
+    VB,
+    VF,
+    VI,
+    lane_mask,
+    masked_store,
+    requant_codegen,
+    requant_i32_codegen,
+    splat,
+)
 
 MR = 6
 NR = 64
@@ -74,7 +83,8 @@ def _make_ukernel_requant(mr_rows: int, nvec: int) -> Any:
 
     with ``bias``, ``mult`` (float32) and ``col_term``, ``wzp`` (int32) read at ``o0``
     in whole 16-lane vectors (the caller pads them), ``qmin``/``qmax`` the clamp less
-    the zero point ``zp``."""
+    the zero point ``zp``. An int32 ``bias`` requantizes as ONNX instead (mode 1,
+    :func:`requant_i32_codegen`)."""
 
     def ukernel(typingctx, a, a_off, lda, b, b_off, kc4, mr, c, c_off, acc_in, out, out_off,
                 ldo, ncol, rows, r_off, col_term, wzp, bias, mult, o0, qmin, qmax, zp):
@@ -148,8 +158,10 @@ def _requant_epilogue(context: Any, builder: ir.IRBuilder, signature: Any, args:
         return builder.load(builder.bitcast(builder.gep(arr[a].data, [at]), vty.as_pointer()),
                             align=4)
 
-    cols = [(column(6, j, VI), column(7, j, VI), column(8, j, VF), column(9, j, VF))
-            for j in range(nvec)]
+    onnx = isinstance(signature.args[k + 8].dtype, types.Integer)  # int32 bias: mode 1
+    requant = requant_i32_codegen if onnx else requant_codegen
+    cols = [(column(6, j, VI), column(7, j, VI), column(8, j, VI if onnx else VF),
+             column(9, j, VF)) for j in range(nvec)]
     lanes = [builder.sub(ncol, ir.Constant(intp, 16 * j)) for j in range(nvec)]
     for r in range(mr_rows):
         inside = builder.icmp_signed("<", ir.Constant(intp, r), args[mr_at])
@@ -167,7 +179,7 @@ def _requant_epilogue(context: Any, builder: ir.IRBuilder, signature: Any, args:
             for j in range(nvec):
                 _, _, bias, mult = cols[j]
                 acc = builder.add(builder.load(accs[r][j]), builder.load(terms[j]))
-                q = builder.trunc(requant_codegen(builder, acc, bias, mult, qmin, qmax, zp), VB)
+                q = builder.trunc(requant(builder, acc, bias, mult, qmin, qmax, zp), VB)
                 ptr = builder.bitcast(builder.gep(row, [ir.Constant(intp, 16 * j)]),
                                       VB.as_pointer())
                 full = builder.icmp_signed(">=", lanes[j], ir.Constant(intp, 16))

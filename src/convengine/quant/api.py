@@ -149,14 +149,15 @@ def _channels_to_4(packed: Packed, w: np.ndarray, problem: ConvProblem,
 
 def _implicit(problem: ConvProblem, flip: int, mode: int, wzp: np.ndarray) -> bool:
     """Whether :func:`kernels.conv_vnni_taps` (implicit GEMM, no im2col) serves: 2-D,
-    ungrouped, dilation 1, more than one tap, uint8 x, PyTorch's requantization, weight
-    zero points 0, at least 64 output channels (its tiles are 64 wide: MobileNetV2's
-    32-channel stem 1.17x the time of im2col's narrow kernels) and outputs at least
-    ``IMPLICIT_MIN_WIDTH`` wide (its tiles are runs of one output row; measured, 1
-    thread, against im2col: 3x3 at 56 x 56 x 64 0.80x the time, 28 x 28 x 128 0.90x,
-    14 x 14 x 256 0.96x, 7 x 7 x 512 1.12x; ResNet-50's stem 0.90x)."""
+    ungrouped, dilation 1, more than one tap, uint8 x, an 8-bit output (PyTorch's or
+    ONNX's requantization), weight zero points 0, at least 64 output channels (its
+    tiles are 64 wide: MobileNetV2's 32-channel stem 1.17x the time of im2col's narrow
+    kernels) and outputs at least ``IMPLICIT_MIN_WIDTH`` wide (its tiles are runs of
+    one output row; measured, 1 thread, against im2col: 3x3 at 56 x 56 x 64 0.80x the
+    time, 28 x 28 x 128 0.90x, 14 x 14 x 256 0.96x, 7 x 7 x 512 1.12x; ResNet-50's
+    stem 0.90x)."""
     return (problem.ndim == 2 and problem.groups == 1 and math.prod(problem.kernel) > 1
-            and problem.dilation == (1, 1) and flip == 0 and mode == 0 and not np.any(wzp)
+            and problem.dilation == (1, 1) and flip == 0 and mode != 2 and not np.any(wzp)
             and problem.out_channels >= 64 and problem.out_size[-1] >= IMPLICIT_MIN_WIDTH)
 
 
@@ -369,7 +370,7 @@ def bind(plan: Plan, w: np.ndarray,
              *dense[5:])
     tail = (plan.mode, np.concatenate([rq.multiplier, pad.view(np.float32)]),
             np.concatenate([bias_f, pad.view(np.float32)]) if plan.mode == 0 else bias_f,
-            *tail[3:])
+            np.concatenate([bias_i, pad]) if plan.mode == 1 else bias_i, *tail[4:])
 
     if _implicit(problem, flip, plan.mode, packed.wzp):
         nrows = problem.batch * problem.out_size[0]
@@ -382,8 +383,9 @@ def bind(plan: Plan, w: np.ndarray,
                 return
             parts = threads if packed.nb >= threads and nrows < 8 * threads else 1
             kernels.conv_vnni_taps(x.view(np.uint8), xzp_u, taps_w.data, dense[4], geo,
-                                   taps_w.kc4, packed.nb, parts, tail[1], tail[2],
-                                   rq.zero_point, rq.lo, rq.hi, y)
+                                   taps_w.kc4, packed.nb, parts, tail[1],
+                                   tail[2] if plan.mode == 0 else tail[3], rq.zero_point,
+                                   rq.lo, rq.hi, y)
 
     def launch(x: np.ndarray, y: np.ndarray) -> None:
         prows, parts = kernels.work_split(y.shape[0], lda, y.shape[1] // groups,

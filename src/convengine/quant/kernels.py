@@ -232,12 +232,13 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
     micro-kernels. For each
     64-column block the K dimension runs in chunks of ``KC4_BLOCK * 4`` bytes whose
     weights (16 KiB) stay in L1 across the panel's row blocks; int32 partial tiles of
-    the panel accumulate in ``ctile``. In mode 0 with unit column stride the last chunk's
-    micro-kernels requantize and store themselves (``wzp``, ``col_term``, ``mult`` and
-    ``bias_f`` then hold 64 values of padding past O); else :func:`_store_tile` does.
+    the panel accumulate in ``ctile``. In modes 0 and 1 with unit column stride the last
+    chunk's micro-kernels requantize and store themselves (``wzp``, ``col_term``,
+    ``mult`` and the mode's bias then hold 64 values of padding past O); else
+    :func:`_store_tile` does.
     """
     m_total = out.shape[0]
-    fuse = mode == 0 and out.strides[1] == 1
+    fuse = mode != 2 and out.strides[1] == 1
     ldo = out.strides[0]
     qmin, qmax = np.float32(lo - zp), np.float32(hi - zp)
     og = out.shape[1] // groups
@@ -271,9 +272,14 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
                     keep = 1 if k0 > 0 else 0
                     b_off = b_base + k0 * NR * 4
                     if fuse and k0 + KC4_BLOCK >= kc4:  # the last chunk: requantize, store
-                        _tiles_requant(a, a0 + k0 * 4, lda, wp, b_off, kn, m0, m1, ncol, ctile,
-                                       keep, out, ldo, o0, rows, col_term, wzp, bias_f, mult,
-                                       qmin, qmax, zp)
+                        if mode == 0:
+                            _tiles_requant(a, a0 + k0 * 4, lda, wp, b_off, kn, m0, m1, ncol,
+                                           ctile, keep, out, ldo, o0, rows, col_term, wzp,
+                                           bias_f, mult, qmin, qmax, zp)
+                        else:
+                            _tiles_requant(a, a0 + k0 * 4, lda, wp, b_off, kn, m0, m1, ncol,
+                                           ctile, keep, out, ldo, o0, rows, col_term, wzp,
+                                           bias_i, mult, qmin, qmax, zp)
                     else:
                         _tiles(a, a0 + k0 * 4, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep)
                 if not fuse:
@@ -342,10 +348,11 @@ def _tiles_requant(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep, out, ld
 
 
 @njit(parallel=True, cache=True)
-def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias_f, zp, lo, hi, out):
-    """:func:`conv_vnni` without im2col (implicit GEMM), mode 0, for ungrouped
-    dilation-1 2-D convs on uint8 x and weights of zero point 0 (``wp``, ``col_term``,
-    ``mult``, ``bias_f`` as there, the weights' channels padded with zeros to ``Cp``, C
+def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias, zp, lo, hi, out):
+    """:func:`conv_vnni` without im2col (implicit GEMM) for ungrouped dilation-1 2-D
+    convs on uint8 x and weights of zero point 0, requantized as mode 0 (float32
+    ``bias``) or mode 1 (int32 ``bias``) (``wp``, ``col_term``, ``mult``, ``bias`` as
+    there, padded, the weights' channels padded with zeros to ``Cp``, C
     rounded up to a multiple of 4: ``kc4 = KH * KW * Cp / 4``).
 
     x is copied once into a buffer padded with ``xzp`` (so every window lies inside
@@ -403,15 +410,15 @@ def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias_f, zp, 
                 o_at = (orow * ow_n + ow0) * ldo + o0
                 if mr <= 2:
                     ukernel_taps_2x64(xp, at, sw * cp, wp, b_off, c4n, taps, tapoff, mr, out, o_at,
-                                      ldo, ncol, zeros, 0, col_term, col_term, bias_f, mult, o0,
+                                      ldo, ncol, zeros, 0, col_term, col_term, bias, mult, o0,
                                       qmin, qmax, zp)
                 elif mr <= 4:
                     ukernel_taps_4x64(xp, at, sw * cp, wp, b_off, c4n, taps, tapoff, mr, out, o_at,
-                                      ldo, ncol, zeros, 0, col_term, col_term, bias_f, mult, o0,
+                                      ldo, ncol, zeros, 0, col_term, col_term, bias, mult, o0,
                                       qmin, qmax, zp)
                 else:
                     ukernel_taps_6x64(xp, at, sw * cp, wp, b_off, c4n, taps, tapoff, mr, out, o_at,
-                                      ldo, ncol, zeros, 0, col_term, col_term, bias_f, mult, o0,
+                                      ldo, ncol, zeros, 0, col_term, col_term, bias, mult, o0,
                                       qmin, qmax, zp)
 
 
