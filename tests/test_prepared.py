@@ -89,7 +89,8 @@ def _epilogue_reference(y: np.ndarray, bias, residual, activation: str) -> np.nd
 
 
 # blocked with 1 to 4 vectors per panel and output channels that fill no panel (the
-# store masks the lanes beyond O); Winograd; a grouped conv (the pass after the conv)
+# store masks the lanes beyond O); Winograd; a grouped conv (the pass after the conv);
+# depthwise (in the store, 40 channels: a masked vector)
 EPILOGUE_CASES = [
     ("blocked-o96", (2, 9, 7, 16), (96, 1, 1, 16), {}),
     ("blocked-o24", (1, 8, 9, 24), (24, 1, 1, 24), {}),
@@ -97,6 +98,8 @@ EPILOGUE_CASES = [
     ("blocked-o100", (1, 5, 13, 32), (100, 1, 1, 32), {}),
     ("winograd", (1, 8, 8, 32), (32, 3, 3, 32), dict(padding=1)),
     ("grouped", (1, 9, 9, 8), (8, 3, 3, 4), dict(padding=1, groups=2)),
+    ("depthwise", (2, 9, 11, 40), (40, 3, 3, 1), dict(padding=1, groups=40)),
+    ("depthwise-s2", (1, 12, 10, 16), (16, 3, 3, 1), dict(padding=1, stride=2, groups=16)),
 ]
 
 
@@ -131,6 +134,9 @@ def test_epilogue_keeps_nan_and_checks_its_operands():
     for activation in ("relu", "relu6"):
         y = PreparedConv(w, activation=activation)(x)
         assert np.isnan(y[0, 1, 1]).all() and not np.isnan(np.delete(y.reshape(9, 24), 4, 0)).any()
+        depthwise = PreparedConv(np.ones((16, 1, 1, 1), np.float32), groups=16,
+                                 activation=activation)(x)
+        assert np.isnan(depthwise[0, 1, 1, 0]) and np.isnan(depthwise).sum() == 1
     prepared = PreparedConv(w)
     with pytest.raises(ValueError, match="residual must have the output's shape"):
         prepared(x, np.zeros((1, 3, 3, 16), np.float32))

@@ -8,8 +8,9 @@ the prepared one) for channels-last x ``(N, *S, C)`` and w ``(O, *K, C/g)``, lik
 again: it packs the weights for the algorithm the heuristic picks (``blocked``'s panels, Winograd's
 transformed panels) and binds the kernel per input shape, so a call runs the kernel
 directly: no argument validation, no weight-cache comparison of the weights, no NaN
-scan of them. ``blocked`` applies the epilogue in its store (ReLU and ReLU6; SiLU in
-a pass after); the other algorithms in one pass after the conv. The caller promises
+scan of them. ``blocked`` and the depthwise kernels apply the epilogue in their store
+(ReLU and ReLU6; SiLU, and a depthwise conv's residual, in a pass after); the other
+algorithms in one pass after the conv. The caller promises
 that w does not change (an ONNX session's initializers, an optimized inference
 module's folded weights).
 
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import api, fused_epilogue, registry, select
-from .algorithms import blocked, winograd
+from .algorithms import blocked, depthwise, winograd
 from .algorithms._finite import nonfinite
 from .threads import get_num_threads
 
@@ -81,7 +82,7 @@ class PreparedConv:
             kernel = self._kernels[key] = self._kernel(x)
             if not self._w_users:  # only packed panels are read: keep the weights once
                 self._w = None
-        return kernel(np.ascontiguousarray(x), residual, act)
+        return kernel(x, residual, act)
 
     def _epilogue(self, y: np.ndarray, residual: np.ndarray | None, activation: str
                   ) -> np.ndarray:
@@ -132,7 +133,7 @@ class PreparedConv:
 
             def run_blocked(x: np.ndarray, residual: np.ndarray | None, act: str
                             ) -> np.ndarray:
-                _check_residual(residual, y_shape)
+                _check_residual(residual, y_shape)  # x of any strides: padded or copied once
                 inside = act if act in blocked.EPILOGUE_ACTIVATIONS else "none"
                 y = blocked._forward(problem, x, wp, bias, residual, inside)
                 if inside != act:  # SiLU: in a pass after
@@ -148,18 +149,28 @@ class PreparedConv:
 
             def run_winograd(x: np.ndarray, residual: np.ndarray | None, act: str
                              ) -> np.ndarray:
+                x = np.ascontiguousarray(x)
                 y = winograd.winograd_fwd(problem, x, up, m)
                 # None: x held NaN or infinity; the direct loops place them as IEEE does
                 return self._epilogue(direct.run(problem, x, w) if y is None else y,
                                       residual, act)
             return run_winograd
         bound = algo.bind(problem)
+        if isinstance(bound, depthwise.Plan):
+            def run_depthwise(x: np.ndarray, residual: np.ndarray | None, act: str
+                              ) -> np.ndarray:
+                x = np.ascontiguousarray(x)
+                if residual is None and act in blocked.EPILOGUE_ACTIVATIONS:  # in the store
+                    return bound(x, w, self.bias, blocked.EPILOGUE_ACTIVATIONS.index(act))
+                return self._epilogue(bound(x, w), residual, act)
+            return run_depthwise
         if not algo.numpy_math:
-            return lambda x, residual, act: self._epilogue(bound(x, w), residual, act)
+            return lambda x, residual, act: self._epilogue(bound(np.ascontiguousarray(x), w),
+                                                           residual, act)
 
         def run_numpy(x: np.ndarray, residual: np.ndarray | None, act: str) -> np.ndarray:
             with np.errstate(invalid="ignore", over="ignore"):
-                y = bound(x, w)
+                y = bound(np.ascontiguousarray(x), w)
             return self._epilogue(y, residual, act)
         return run_numpy
 

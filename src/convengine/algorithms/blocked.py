@@ -50,6 +50,9 @@ TASKS_PER_THREAD = 8  # parallel tasks per thread, at least (a balanced share)
 PACKED = WeightCache(512 * 2**20)
 VEC = 16  # float32 lanes of a zmm register
 EPILOGUE_ACTIVATIONS = ("none", "relu", "relu6")  # what the forward's store applies
+# packed weights up to this size: a forward task computes every output-channel block
+# of its tiles (the weights stay in L2; each pixel's channels are written at once)
+BLOCKS_INSIDE_BYTES = 256 << 10
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, VEC)
 
@@ -249,7 +252,8 @@ def _gather_driver(nvec: int) -> Any:
     src.expr("ukernel", f"_make_ukernel({mr}, {nvec}, gather=True)")
     ukernel = None  # bound in the kernel module
 
-    def run(xp, wp, y, bias, res, has_res, act, sh, sw, dh, dw, per_task):  # noqa: PLR0913
+    def run(xp, wp, y, bias, res, has_res, act, sh, sw, dh, dw, per_task,  # noqa: PLR0913
+            blocks_inside):
         n_, hp, wpx, c_ = xp.shape
         _, oh_, ow_, o_ = y.shape
         blocks, kh_, kw_ = wp.shape[0], wp.shape[1], wp.shape[2]
@@ -259,8 +263,11 @@ def _gather_driver(nvec: int) -> Any:
         wblock = kh_ * kw_ * c_ * nr
         # unit column dilation: a kernel row's taps are one contiguous run of kw * c
         taps, run_len = (1, kw_ * c_) if dw == 1 else (kw_, c_)
-        for t in prange(((tiles + per_task - 1) // per_task) * blocks):
-            g, ob = t // blocks, t % blocks
+        # a task: its tiles times one block, or times every block (each pixel's
+        # channels then written at once, the tile's input read from L1)
+        task_blocks = 1 if blocks_inside else blocks
+        for t in prange(((tiles + per_task - 1) // per_task) * task_blocks):
+            g, b0 = t // task_blocks, t % task_blocks
             offsets = np.empty(mr, np.intp)
             first = g * per_task
             # the output pixel (n, i, j) walked along, without a division per pixel
@@ -276,9 +283,10 @@ def _gather_driver(nvec: int) -> Any:
                         j, i = 0, i + 1
                         if i == oh_:
                             i, n = 0, n + 1
-                ukernel(xf, offsets, dh * wpx * c_, dw * c_, kh_, taps, run_len,
-                        wf, ob * wblock, m, yf, p0 * o_ + ob * nr, o_, bias, ob * nr, rf,
-                        has_res, act, min(nr, o_ - ob * nr))
+                for ob in range(b0, blocks if blocks_inside else b0 + 1):
+                    ukernel(xf, offsets, dh * wpx * c_, dw * c_, kh_, taps, run_len,
+                            wf, ob * wblock, m, yf, p0 * o_ + ob * nr, o_, bias, ob * nr,
+                            rf, has_res, act, min(nr, o_ - ob * nr))
 
     src.function(run, parallel=True, nogil=True)
     return load(src).run
@@ -320,12 +328,16 @@ def pad(x: np.ndarray, ndim: int, padding: tuple[tuple[int, int], ...]) -> np.nd
 
 
 def _nvec(out_channels: int) -> int:
-    """Vectors per micro-tile: the most (4, 2 or 1) whose panels pad the output
-    channels by a third at most (144 -> 192, 24 -> 32, 40 -> 48). Measured 2026-12-01
-    on MobileNetV2's 24 -> 144 1x1 at 8x56x56: 64-channel panels (192) 2.1 ms, 16-
-    channel ones (no padding, 24 rows of 1 vector: a load per multiply-add) 7.9 ms."""
-    return next((v for v in (4, 2) if -(-out_channels // (VEC * v)) * VEC * v * 3
-                 <= 4 * out_channels), 1)
+    """Vectors per micro-tile (4, 3, 2 or 1; ``24 / nvec`` pixels), by a cost model:
+    the panels' channels (O rounded up to ``16 * nvec``) times one plus the loads per
+    multiply-add (``24 / nvec`` broadcasts of x and ``nvec`` panel loads per 24
+    multiply-adds): 96 and 144 channels take 48-channel panels, 24 and 160 take 32,
+    64-multiples 64. Measured 2026-12-01 on MobileNetV2's 24 -> 144 1x1 at 8x56x56:
+    64-channel panels (192) 2.1 ms, 16-channel ones (a load per multiply-add) 7.9 ms."""
+    def cost(nvec: int) -> float:
+        mr = MR * 4 // nvec
+        return -(-out_channels // (VEC * nvec)) * VEC * nvec * (1 + (mr + nvec) / (mr * nvec))
+    return min((4, 3, 2, 1), key=cost)
 
 
 def dense_float32_2d(problem: ConvProblem) -> str | None:
@@ -428,10 +440,11 @@ def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray,
     if bias is None:
         bias = np.zeros(panels, np.float32)
     tiles = -(-problem.batch * math.prod(problem.out_size) // (MR * 4 // nvec))
+    inside = wp.nbytes <= BLOCKS_INSIDE_BYTES
     _gather_driver(nvec)(padded_input(x, problem), wp, _as2d(y, problem.ndim), bias,
                          y if residual is None else residual, residual is not None,
                          EPILOGUE_ACTIVATIONS.index(activation), sh, sw, dh, dw,
-                         _per_task(tiles, wp.shape[0]))
+                         _per_task(tiles, 1 if inside else wp.shape[0]), inside)
     return y
 
 

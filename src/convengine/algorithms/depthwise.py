@@ -72,7 +72,7 @@ SERIAL_MACS = 2_000_000
 
 def _block_intrinsic(  # noqa: PLR0913
     kh_: int, kw_: int, sw: int, dw: int, width: int, j0: int = 0, j1: int | None = None,
-    streaming: bool = False,
+    streaming: bool = False, epilogue: bool = False,
 ) -> Any:
     """An ``@intrinsic`` computing ``width`` adjacent output pixels for NVEC vectors of
     channels (the first ``valid`` lanes; the rest are neither read nor written):
@@ -83,87 +83,113 @@ def _block_intrinsic(  # noqa: PLR0913
     over taps ``j0 <= j < j1`` (default all), in order, in registers (``llvm.fma`` on
     512-bit vectors: LLVM's default for this CPU through numba would use 256-bit).
     ``streaming``: full vectors go to memory with non-temporal stores, which need
-    every full vector of y on a 64-byte boundary (y aligned, C a multiple of a vector)."""
+    every full vector of y on a 64-byte boundary (y aligned, C a multiple of a vector).
+    ``epilogue``: the block takes two more arguments, ``bias`` (C,) and ``act`` (0:
+    none, 1: ReLU, 2: ReLU6) and stores ``act(sum + bias.flat[wo + l])``, as
+    :mod:`convengine.fused_epilogue` computes it (NaN passes both activations)."""
     taps = [(i, j) for i in range(kh_) for j in range(j0, kw_ if j1 is None else j1)]
 
-    @intrinsic
+    intp = types.intp
+
     def block(typingctx, y, yo, a, ao, rs, cs, wk, wo, c_, valid, rows):  # noqa: PLR0913
-        intp = types.intp
-        sig = types.void(y, intp, a, intp, intp, intp, wk, intp, intp, intp, intp)
+        return types.void(y, intp, a, intp, intp, intp, wk, intp, intp, intp, intp), codegen
 
-        def codegen(context, builder, signature, args):
-            vec, mask_t, align, load, store, fma = vector_ops(
-                context, builder, signature.args[0].dtype)
-            lanes = vec.count
-            y_a, yo_v, a_a, ao_v, rs_v, cs_v, wk_a, wo_v, c_v, valid_v, rows_v = args
-            it = yo_v.type
-            y_ptr = context.make_array(signature.args[0])(context, builder, y_a).data
-            a_ptr = context.make_array(signature.args[2])(context, builder, a_a).data
-            w_ptr = context.make_array(signature.args[6])(context, builder, wk_a).data
-            lane_ids = ir.Constant(ir.VectorType(it, lanes), list(range(lanes)))
-            undef = ir.Constant(ir.VectorType(it, lanes), ir.Undefined)
-            splat = builder.shuffle_vector(
-                builder.insert_element(undef, valid_v, ir.Constant(ir.IntType(32), 0)),
-                undef, ir.Constant(ir.VectorType(ir.IntType(32), lanes), None))
-            masks = [
-                builder.icmp_signed("<", builder.add(lane_ids, ir.Constant(lane_ids.type, [
-                    v * lanes] * lanes)), splat)
-                for v in range(NVEC)
+    def block_epilogue(typingctx, y, yo, a, ao, rs, cs, wk, wo, c_, valid, rows,  # noqa: PLR0913
+                       bias, act):
+        return types.void(y, intp, a, intp, intp, intp, wk, intp, intp, intp, intp, bias,
+                          intp), codegen
+
+    def codegen(context, builder, signature, args):
+        vec, mask_t, align, load, store, fma = vector_ops(
+            context, builder, signature.args[0].dtype)
+        lanes = vec.count
+        y_a, yo_v, a_a, ao_v, rs_v, cs_v, wk_a, wo_v, c_v, valid_v, rows_v = args[:11]
+        it = yo_v.type
+        y_ptr = context.make_array(signature.args[0])(context, builder, y_a).data
+        a_ptr = context.make_array(signature.args[2])(context, builder, a_a).data
+        w_ptr = context.make_array(signature.args[6])(context, builder, wk_a).data
+        lane_ids = ir.Constant(ir.VectorType(it, lanes), list(range(lanes)))
+        undef = ir.Constant(ir.VectorType(it, lanes), ir.Undefined)
+        splat = builder.shuffle_vector(
+            builder.insert_element(undef, valid_v, ir.Constant(ir.IntType(32), 0)),
+            undef, ir.Constant(ir.VectorType(ir.IntType(32), lanes), None))
+        masks = [
+            builder.icmp_signed("<", builder.add(lane_ids, ir.Constant(lane_ids.type, [
+                v * lanes] * lanes)), splat)
+            for v in range(NVEC)
+        ]
+        zero = ir.Constant(vec, None)
+        # tap row i is read only if bit i of ``rows`` is set (rows outside x are
+        # masked off: their loads read nothing and give zeros)
+        row_masks = []
+        for i in range(kh_):
+            bit = builder.and_(rows_v, ir.Constant(it, 1 << i))
+            inside = builder.icmp_unsigned("!=", bit, ir.Constant(it, 0))
+            row_masks.append([builder.and_(m, builder.select(
+                inside, ir.Constant(mask_t, [1] * lanes), ir.Constant(mask_t, None)))
+                for m in masks])
+
+        def at(base, offset, v):
+            ptr = builder.gep(base, [builder.add(offset, ir.Constant(it, v * lanes))])
+            return builder.bitcast(ptr, vec.as_pointer())
+
+        def read(base, offset, v, mask=None):
+            mask = masks[v] if mask is None else mask
+            return builder.call(load, [at(base, offset, v), align, mask, zero])
+
+        row_offsets = [
+            builder.add(ao_v, builder.mul(ir.Constant(it, i), rs_v)) for i in range(kh_)
+        ]
+        if epilogue:
+            b_ptr = context.make_array(signature.args[11])(context, builder, args[11]).data
+            act_v = args[12]
+            every, none = ir.Constant(mask_t, [1] * lanes), ir.Constant(mask_t, None)
+            relu = builder.select(builder.icmp_signed(">=", act_v, ir.Constant(it, 1)),
+                                  every, none)
+            relu6 = builder.select(builder.icmp_signed("==", act_v, ir.Constant(it, 2)),
+                                   every, none)
+            six = ir.Constant(vec, [6.0] * lanes)
+
+            def finish(acc, v):
+                """act(acc + bias) (ordered compares: NaN stays NaN)."""
+                acc = builder.fadd(acc, read(b_ptr, wo_v, v))
+                low = builder.and_(builder.fcmp_ordered("<", acc, zero), relu)
+                acc = builder.select(low, zero, acc)
+                high = builder.and_(builder.fcmp_ordered(">", acc, six), relu6)
+                return builder.select(high, six, acc)
+        for v in range(NVEC):
+            weights = [
+                read(w_ptr, builder.add(wo_v, builder.mul(ir.Constant(it, i * kw_ + j), c_v)), v)
+                for i, j in taps
             ]
-            zero = ir.Constant(vec, None)
-            # tap row i is read only if bit i of ``rows`` is set (rows outside x are
-            # masked off: their loads read nothing and give zeros)
-            row_masks = []
-            for i in range(kh_):
-                bit = builder.and_(rows_v, ir.Constant(it, 1 << i))
-                inside = builder.icmp_unsigned("!=", bit, ir.Constant(it, 0))
-                row_masks.append([builder.and_(m, builder.select(
-                    inside, ir.Constant(mask_t, [1] * lanes), ir.Constant(mask_t, None)))
-                    for m in masks])
-
-            def at(base, offset, v):
-                ptr = builder.gep(base, [builder.add(offset, ir.Constant(it, v * lanes))])
-                return builder.bitcast(ptr, vec.as_pointer())
-
-            def read(base, offset, v, mask=None):
-                mask = masks[v] if mask is None else mask
-                return builder.call(load, [at(base, offset, v), align, mask, zero])
-
-            row_offsets = [
-                builder.add(ao_v, builder.mul(ir.Constant(it, i), rs_v)) for i in range(kh_)
-            ]
-            for v in range(NVEC):
-                weights = [
-                    read(w_ptr, builder.add(wo_v, builder.mul(ir.Constant(it, i * kw_ + j), c_v)), v)
-                    for i, j in taps
-                ]
-                for b in range(width):
-                    acc = None
-                    for (i, j), w in zip(taps, weights):
-                        col = builder.mul(ir.Constant(it, b * sw + j * dw), cs_v)
-                        x = read(a_ptr, builder.add(row_offsets[i], col), v, row_masks[i][v])
-                        acc = builder.fmul(x, w) if acc is None else builder.call(fma, [x, w, acc])
-                    ptr = at(y_ptr, builder.add(yo_v, builder.mul(ir.Constant(it, b), c_v)), v)
-                    if not streaming:
+            for b in range(width):
+                acc = None
+                for (i, j), w in zip(taps, weights):
+                    col = builder.mul(ir.Constant(it, b * sw + j * dw), cs_v)
+                    x = read(a_ptr, builder.add(row_offsets[i], col), v, row_masks[i][v])
+                    acc = builder.fmul(x, w) if acc is None else builder.call(fma, [x, w, acc])
+                ptr = at(y_ptr, builder.add(yo_v, builder.mul(ir.Constant(it, b), c_v)), v)
+                if epilogue:
+                    acc = finish(acc, v)
+                if not streaming:
+                    builder.call(store, [acc, ptr, align, masks[v]])
+                    continue
+                full = builder.icmp_signed(">=", valid_v, ir.Constant(it, (v + 1) * lanes))
+                with builder.if_else(full) as (whole, part):
+                    with whole:
+                        builder.store(acc, ptr, align=VECTOR_BYTES).set_metadata(
+                            "nontemporal", builder.module.add_metadata([
+                                ir.Constant(ir.IntType(32), 1)]))
+                    with part:
                         builder.call(store, [acc, ptr, align, masks[v]])
-                        continue
-                    full = builder.icmp_signed(">=", valid_v, ir.Constant(it, (v + 1) * lanes))
-                    with builder.if_else(full) as (whole, part):
-                        with whole:
-                            builder.store(acc, ptr, align=VECTOR_BYTES).set_metadata(
-                                "nontemporal", builder.module.add_metadata([
-                                    ir.Constant(ir.IntType(32), 1)]))
-                        with part:
-                            builder.call(store, [acc, ptr, align, masks[v]])
-            return context.get_dummy_value()
+        return context.get_dummy_value()
 
-        return sig, codegen
-
-    return block
+    return intrinsic(block_epilogue if epilogue else block)
 
 
-def _span_source(sw: int) -> str:
-    """Source of ``span(y, yo, a, ao, rs, cs, wk, c0, cb, p0, p1, col0, rows)``: output
+def _span_source(sw: int, epilogue: bool) -> str:
+    """Source of ``span(y, yo, a, ao, rs, cs, wk, c0, cb, p0, p1, col0, rows, bias, act)``
+    (bias and act passed on to the blocks with ``epilogue``): output
     pixels ``p0:p1`` of one row (``y.flat[yo + ow*C + c]``, channels ``c0 + c``, c < cb)
     from array ``a``: tap row i starts at ``a.flat[ao + i*rs]`` (read as zeros unless
     bit i of ``rows`` is set), columns ``cs`` elements apart, pixel ``ow`` at column
@@ -175,11 +201,12 @@ def _span_source(sw: int) -> str:
             f"{indent}col = ao + (col0 + (ob - p0) * {sw}) * cs",
             f"{indent}for cc in range(0, cb, lanes):",
             f"{indent}    block{width}(y, yo + ob * c_ + cc, a, col + cc, rs, cs, wk, c0 + cc,"
-            " c_, min(lanes, cb - cc), rows)",
+            f" c_, min(lanes, cb - cc), rows{extra})",
         ]
 
+    extra = ", bias, act" if epilogue else ""
     body = [
-        "def span(y, yo, a, ao, rs, cs, wk, c0, cb, p0, p1, col0, rows):",
+        "def span(y, yo, a, ao, rs, cs, wk, c0, cb, p0, p1, col0, rows, bias, act):",
         "    c_ = y.shape[3]",
         "    lanes = NVEC * VECTOR_BYTES // y.itemsize",
         "    ob = p0",
@@ -193,13 +220,14 @@ def _span_source(sw: int) -> str:
     return "\n".join(body) + "\n"
 
 
-def _edge_source(kw_: int) -> str:
-    """Source of ``edge(y, yo, a, ao, rs, cs, wk, c0, cb, j0, j1, rows)``: one output
+def _edge_source(kw_: int, epilogue: bool) -> str:
+    """Source of ``edge(y, yo, a, ao, rs, cs, wk, c0, cb, j0, j1, rows, bias, act)``: one output
     pixel over the taps ``j0 <= j < j1`` of each row only (the others fall outside x),
     all channels in vectors; ``ao`` addresses tap column 0 (which may lie before x),
     ``rows`` as in span."""
+    extra = ", bias, act" if epilogue else ""
     body = [
-        "def edge(y, yo, a, ao, rs, cs, wk, c0, cb, j0, j1, rows):",
+        "def edge(y, yo, a, ao, rs, cs, wk, c0, cb, j0, j1, rows, bias, act):",
         "    c_ = y.shape[3]",
         "    lanes = NVEC * VECTOR_BYTES // y.itemsize",
     ]
@@ -209,7 +237,7 @@ def _edge_source(kw_: int) -> str:
             f"    {'if' if k == 0 else 'elif'} j0 == {lo} and j1 == {hi}:",
             "        for cc in range(0, cb, lanes):",
             f"            edge_{lo}_{hi}(y, yo + cc, a, ao + cc, rs, cs, wk, c0 + cc, c_,"
-            " min(lanes, cb - cc), rows)",
+            f" min(lanes, cb - cc), rows{extra})",
         ]
     return "\n".join(body) + "\n"
 
@@ -279,36 +307,39 @@ _KERNELS: dict[tuple[int, ...], tuple[Callable[..., np.ndarray], Callable[..., n
 
 
 def depthwise2d_kernel(  # noqa: PLR0913
-    kh_: int, kw_: int, sw_: int, dh_: int, dw_: int, streaming: bool = False
+    kh_: int, kw_: int, sw_: int, dh_: int, dw_: int, streaming: bool = False,
+    epilogue: bool = False,
 ) -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
     """The kernels (parallel, serial) for one (KH, KW) kernel shape, width stride and
     dilations: ``kernel(x (N,H,W,C), w (C, KH*KW), flip, OH, OW, sh, ph, pw,
-    row_parts, channel_parts, raw) -> y (N,OH,OW,C)``, in ``raw`` (an
+    row_parts, channel_parts, raw, bias, act) -> y (N,OH,OW,C)``, in ``raw`` (an
     :func:`output_buffer`) if that is long enough; ``flip`` reverses the taps. The
     serial one runs its tasks in turn on the calling thread. ``streaming``: full
-    vectors of y are stored non-temporally (C must be a multiple of a vector)."""
-    key = (kh_, kw_, sw_, dh_, dw_, streaming)
+    vectors of y are stored non-temporally (C must be a multiple of a vector).
+    ``epilogue``: y is ``act(conv + bias)`` (bias (C,), act 0: none, 1: ReLU, 2:
+    ReLU6); else bias and act are not read."""
+    key = (kh_, kw_, sw_, dh_, dw_, streaming, epilogue)
     if key in _KERNELS:
         return _KERNELS[key]
     # the kernel module (compiled once, cached on disk): the register blocks, the
     # generated span and edge functions over them, task and kernel below
     src = Source(__name__, f"depthwise_{kh_}x{kw_}_s{sw_}_d{dh_}x{dw_}"
-                 f"{'_streaming' if streaming else ''}")
+                 f"{'_streaming' if streaming else ''}{'_epilogue' if epilogue else ''}")
     for width in range(1, OW_BLOCK + 1):
         src.expr(f"block{width}", f"_block_intrinsic({kh_}, {kw_}, {sw_}, {dw_}, {width}, "
-                 f"streaming={streaming})")
+                 f"streaming={streaming}, epilogue={epilogue})")
     for j0 in range(kw_):
         for j1 in range(j0 + 1, kw_ + 1):
             src.expr(f"edge_{j0}_{j1}", f"_block_intrinsic({kh_}, {kw_}, {sw_}, {dw_}, 1, "
-                     f"{j0}, {j1}, {streaming})")
-    src.code(_span_source(sw_), "span")
-    src.code(_edge_source(kw_), "edge")
+                     f"{j0}, {j1}, {streaming}, {epilogue})")
+    src.code(_span_source(sw_, epilogue), "span")
+    src.code(_edge_source(kw_, epilogue), "edge")
     src.jit("span", **NOALIAS)
     src.jit("edge", **NOALIAS)
     span = edge = None  # bound in the kernel module
     reach = (kw_ - 1) * dw_ + 1  # input columns one output pixel reads
 
-    def task(x, wk, y, buf, r0, r1, c0, sh, ph, pw):  # noqa: PLR0913
+    def task(x, wk, y, buf, r0, r1, c0, sh, ph, pw, bias, act):  # noqa: PLR0913
         """Output rows r0:r1 (over n and oh) of channels c0:c0+cb, cb = buf.shape[2].
         Pixels read x in place: tap rows above or below x masked off, the first and
         last columns with only the taps inside x. Where some pixel has no tap column
@@ -338,7 +369,7 @@ def depthwise2d_kernel(  # noqa: PLR0913
             if padded:
                 for i in range(kh_):
                     _fill(buf, i, x, n, ih0 + i * dh_, -pw, buf.shape[1], c0)
-                span(y, yo, buf, 0, plane, cb, wk, c0, cb, 0, ow_, 0, every_row)
+                span(y, yo, buf, 0, plane, cb, wk, c0, cb, 0, ow_, 0, every_row, bias, act)
                 continue
             rows = 0  # the tap rows inside x
             for i in range(kh_):
@@ -347,15 +378,17 @@ def depthwise2d_kernel(  # noqa: PLR0913
             row = ((n * h_ + ih0) * w_) * c_ + c0  # tap row 0, which may lie outside x
             for ow in range(lo):
                 edge(y, yo + ow * c_, x, row + (ow * sw_ - pw) * c_, dh_ * w_ * c_, c_, wk,
-                     c0, cb, windows[ow, 0], windows[ow, 1], rows)
-            span(y, yo, x, row, dh_ * w_ * c_, c_, wk, c0, cb, lo, hi, lo * sw_ - pw, rows)
+                     c0, cb, windows[ow, 0], windows[ow, 1], rows, bias, act)
+            span(y, yo, x, row, dh_ * w_ * c_, c_, wk, c0, cb, lo, hi, lo * sw_ - pw, rows,
+                 bias, act)
             for ow in range(hi, ow_):
                 edge(y, yo + ow * c_, x, row + (ow * sw_ - pw) * c_, dh_ * w_ * c_, c_, wk,
-                     c0, cb, windows[ow, 0], windows[ow, 1], rows)
+                     c0, cb, windows[ow, 0], windows[ow, 1], rows, bias, act)
         if streaming:
             _store_fence()
 
-    def kernel(x, w, flip, oh_, ow_, sh, ph, pw, row_parts, channel_parts, raw):  # noqa: PLR0913
+    def kernel(x, w, flip, oh_, ow_, sh, ph, pw, row_parts, channel_parts, raw,  # noqa: PLR0913
+               bias, act):
         n_, c_ = x.shape[0], x.shape[3]
         y = _cache_line_aligned(raw, n_, oh_, ow_, c_)
         wk = np.empty((kh_, kw_, c_), dtype=y.dtype)  # taps outermost, channels innermost
@@ -373,7 +406,7 @@ def depthwise2d_kernel(  # noqa: PLR0913
             c1 = min(c_, (g + 1) * chunks // channel_parts * GRAIN)
             buf = np.empty((kh_, wp_, c1 - c0), dtype=y.dtype)
             task(x, wk, y, buf, p * rows // row_parts, (p + 1) * rows // row_parts,
-                 c0, sh, ph, pw)
+                 c0, sh, ph, pw, bias, act)
         return y
 
     src.function(task, **NOALIAS)
@@ -395,10 +428,10 @@ def _split(rows: int, channels: int, threads: int) -> tuple[int, int]:
 
 
 class Plan(NamedTuple):
-    """A depthwise 2-D (or 1-D) conv, ready to run: ``plan(x, w) -> y``."""
+    """A depthwise 2-D (or 1-D) conv, ready to run: ``plan(x, w, bias=None, act=0) -> y``."""
 
     kernel: Callable[..., np.ndarray]
-    key: tuple[int, ...]  # KH, KW, width stride, width dilation
+    key: tuple[int, ...]  # KH, KW, width stride, width dilation, height dilation
     x4: tuple[int, ...]  # x seen as (N, H, W, C)
     y_shape: tuple[int, ...]  # y as returned, channels-last
     y4: tuple[int, ...]  # y seen as (N, OH, OW, C)
@@ -406,6 +439,7 @@ class Plan(NamedTuple):
     args: tuple[int, ...]  # sh, ph, pw, row_parts, channel_parts
     streaming: bool  # y written with non-temporal stores
     size: int  # values in y
+    serial: bool  # the kernel runs on the calling thread
 
     def workspace_bytes(self, itemsize: int) -> int:
         """The transposed weights plus each task's buffer for padded input columns."""
@@ -414,12 +448,23 @@ class Plan(NamedTuple):
         buffers = self.args[3] * self.args[4] * kh_ * ((ow - 1) * sw + (kw_ - 1) * dw + 1) * c
         return (kh_ * kw_ * c + buffers) * itemsize
 
-    def __call__(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None,
+                 act: int = 0) -> np.ndarray:
         """x (N, *S, C), w (C, *K, 1), both C-contiguous -> y (N, *S_out, C), starting
-        on a cache line."""
-        y = self.kernel(x.reshape(self.x4), w.reshape(w.shape[0], -1), self.flip,
-                        *self.y4[1:3], *self.args, output_buffer(self.size, x.dtype))
+        on a cache line; with bias (C,) of x's dtype or act (1: ReLU, 2: ReLU6) y is
+        ``act(conv + bias)``, computed in the kernel's store."""
+        kernel, b = self.kernel, _NO_BIAS
+        if bias is not None or act:
+            kernels = depthwise2d_kernel(*self.key[:2], self.key[2], self.key[4],
+                                         self.key[3], self.streaming, epilogue=True)
+            kernel = kernels[1] if self.serial else kernels[0]
+            b = np.zeros(self.y4[-1], x.dtype) if bias is None else bias
+        y = kernel(x.reshape(self.x4), w.reshape(w.shape[0], -1), self.flip,
+                   *self.y4[1:3], *self.args, output_buffer(self.size, x.dtype), b, act)
         return y.reshape(self.y_shape)
+
+
+_NO_BIAS = np.zeros(0)  # the bias operand of kernels without the epilogue (never read)
 
 
 def one_per_channel(problem: ConvProblem) -> bool:
@@ -458,12 +503,13 @@ def _plan(problem: ConvProblem, x_size: tuple[int, ...], y_size: tuple[int, ...]
                  and c * itemsize % VECTOR_BYTES == 0)
     parallel, serial = depthwise2d_kernel(kh_, kw_, sw, dh, dw, streaming)
     threads = get_num_threads()
-    if threads == 1 or math.prod(y4) * kh_ * kw_ < SERIAL_MACS:
+    alone = threads == 1 or math.prod(y4) * kh_ * kw_ < SERIAL_MACS
+    if alone:
         kernel, parts = serial, (1, 1)
     else:
         kernel, parts = parallel, _split(y4[0] * y4[1], c, threads)
-    return Plan(kernel, (kh_, kw_, sw, dw), x4, (n, *y_size, c), y4, flip, (sh, ph, pw, *parts),
-                streaming, math.prod(y4))
+    return Plan(kernel, (kh_, kw_, sw, dw, dh), x4, (n, *y_size, c), y4, flip,
+                (sh, ph, pw, *parts), streaming, math.prod(y4), alone)
 
 
 @functools.lru_cache(maxsize=256)
