@@ -455,8 +455,8 @@ class Plan(NamedTuple):
         ``act(conv + bias)``, computed in the kernel's store."""
         kernel, b = self.kernel, _NO_BIAS
         if bias is not None or act:
-            kernels = depthwise2d_kernel(*self.key[:2], self.key[2], self.key[4],
-                                         self.key[3], self.streaming, epilogue=True)
+            kh_, kw_, sw, dw, dh = self.key
+            kernels = depthwise2d_kernel(kh_, kw_, sw, dh, dw, self.streaming, epilogue=True)
             kernel = kernels[1] if self.serial else kernels[0]
             b = np.zeros(self.y4[-1], x.dtype) if bias is None else bias
         y = kernel(x.reshape(self.x4), w.reshape(w.shape[0], -1), self.flip,
