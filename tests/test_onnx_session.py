@@ -527,6 +527,75 @@ def test_qdq_add_pool_reshape_run_in_int8_like_onnxruntime():
     assert_same(session.run(None, {"a": a, "b": b}), expected)
 
 
+def _qconv_node(name, x, c, o, k, dtype, rng, inits):
+    """A QLinearConv ``name`` of x (C channels, scale ``xs``, zero point ``xz``) to o
+    channels, k x k ("same" padding), per-channel int8 weights, int32 bias, output
+    scale and zero point of its own (of ``dtype``)."""
+    info = np.iinfo(dtype)
+    inits.update({f"{name}_w": rng.integers(-127, 128, (o, c, k, k)).astype(np.int8),
+                  f"{name}_ws": rng.uniform(2e-3, 6e-3, o).astype(np.float32),
+                  f"{name}_wz": np.zeros(o, np.int8),
+                  f"{name}_ys": np.float32(rng.uniform(0.05, 0.09)),
+                  f"{name}_yz": np.array(rng.integers(info.min + 20, info.max - 20), dtype),
+                  f"{name}_b": rng.integers(-3000, 3000, o).astype(np.int32)})
+    return helper.make_node("QLinearConv", [x, "xs", "xz", f"{name}_w", f"{name}_ws",
+                                            f"{name}_wz", f"{name}_ys", f"{name}_yz",
+                                            f"{name}_b"], [name], pads=[k // 2] * 4)
+
+
+@pytest.mark.parametrize("case", ["later_conv_is_b", "later_conv_is_a", "graph_input",
+                                  "depthwise", "broadcast", "int8", "fed_twice"])
+def test_qlinear_add_fused_into_its_conv_matches_onnxruntime(case):
+    """QLinearConv -> QLinearAdd runs as one step (the add in the conv's kernel: im2col
+    1x1, implicit-GEMM 3x3, a pass of its own after a depthwise conv, the operator
+    itself for a broadcast operand); ONNX Runtime gives the same bytes."""
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(sum(map(ord, case)))
+    dtype = np.int8 if case == "int8" else np.uint8
+    c, o, size = 16, 70, 14
+    x = (rng.integers(0, 256, (2, c, size, size)) - (128 if case == "int8" else 0)
+         ).astype(dtype)
+    inits = {"xs": np.float32(0.021), "xz": np.array(-11 if case == "int8" else 117, dtype),
+             "as": np.float32(0.0),
+             "bs": np.float32(0.0), "cs": np.float32(0.083),
+             "cz": np.array(3 if dtype == np.int8 else 121, dtype)}
+    inputs = {"x": x}
+    nodes = [_qconv_node("p", "x", c, o, 1, dtype, rng, inits)]
+    a, b = "p", "q"
+    if case in ("later_conv_is_b", "later_conv_is_a", "int8", "fed_twice"):
+        nodes.append(_qconv_node("q", "x", c, o, 3, dtype, rng, inits))
+        if case == "later_conv_is_a":
+            a, b = "q", "p"
+    elif case == "graph_input":
+        inputs["r"] = rng.integers(0, 256, (2, o, size, size)).astype(np.uint8)
+        b = "r"
+    elif case == "depthwise":
+        nodes.append(_qconv_node("q", "p", o, o, 3, dtype, rng, inits))
+        w = inits["q_w"]
+        inits["q_w"] = w[:, :1].copy()
+        nodes[-1].attribute.append(helper.make_attribute("group", o))
+        nodes[-1].input[1:3] = ["p_ys", "p_yz"]
+    else:  # broadcast: one value per channel
+        inputs["r"] = rng.integers(0, 256, (o, 1, 1)).astype(np.uint8)
+        b = "r"
+    inits["as"] = inits[f"{a}_ys"] if a in ("p", "q") else np.float32(0.037)
+    inits["az"] = inits[f"{a}_yz"] if a in ("p", "q") else np.uint8(99)
+    inits["bs"] = inits[f"{b}_ys"] if b in ("p", "q") else np.float32(0.029)
+    inits["bz"] = inits[f"{b}_yz"] if b in ("p", "q") else np.uint8(131)
+    nodes.append(helper.make_node("QLinearAdd", [a, "as", "az", b, "bs", "bz", "cs", "cz"],
+                                  ["y"], domain="com.microsoft"))
+    outputs = ["y", "q"] if case == "fed_twice" else ["y"]  # q read twice: not fused
+    model = _model(nodes, inputs, outputs, inits, opset=17, ms=True)
+    for out in model.graph.output:
+        out.type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    session = ceo.Session(model)
+    ops = [n.op_type for n in session._nodes]
+    assert ops.count("QLinearAdd") == (1 if case == "fed_twice" else 0), ops
+    expected = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, inputs)
+    assert_same(session.run(None, inputs), expected)
+
+
 @pytest.mark.parametrize("dynamo", [False, True], ids=["legacy", "dynamo"])
 def test_exported_op_zoo_matches_onnxruntime(dynamo):
     """The MobileNetV3 / EfficientNet / U-Net operators as both exporters write them."""

@@ -4,8 +4,9 @@ memory: one pass each instead of numpy's several (temporaries included).
 - :func:`quantize_last`: QuantizeLinear (per tensor) of NCHW float32 into
   channels-last ``(N, *S, C)`` 8-bit, ``saturate(rint(x / s) + zp)``;
 - :func:`qlinear_add`: com.microsoft QLinearAdd of two equally shaped 8-bit arrays
-  as :func:`convengine.onnx.qops._qlinear_add` computes it (float32 FMAs carried in
-  float64, rounded once);
+  as :func:`convengine.onnx.qops._qlinear_add` computes it
+  (:func:`convengine.quant.kernels.qadd_value`; numba caches this file's kernels keyed
+  on its own text: clear ``__pycache__`` after changing that one);
 - :func:`max_pool_last`: MaxPool of channels-last ``(N, H, W, C)`` with (lo, hi)
   padding, stride and dilation; padded taps never win.
 
@@ -19,6 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import memory
+from ..quant.kernels import qadd_value
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -48,10 +50,7 @@ def _qlinear_add(a, b, ra, rb, fixed, lo, hi, y):  # pragma: no cover - compiled
     for t in prange((n + chunk - 1) // chunk):
         for k in range(t * chunk, min(n, (t + 1) * chunk)):
             i = np.uintp(k)  # unsigned: no wraparound test, so the loop vectorizes (5x)
-            inner = np.float32(np.float64(b[i]) * rb + fixed)
-            v = np.rint(np.float32(np.float64(a[i]) * ra + np.float64(inner)))
-            v = v if v > lo else lo
-            y[i] = v if v < hi else hi
+            y[i] = qadd_value(a[i], b[i], ra, rb, fixed, lo, hi)
 
 
 def qlinear_add(a: np.ndarray, b: np.ndarray, ra: np.float32, rb: np.float32,

@@ -3,13 +3,13 @@ parameters and weights validated and packed once per input shape and thread coun
 (:func:`convengine.quant.api.bind`), the VNNI / depthwise kernel called directly
 into a channels-last output from :func:`convengine.memory.empty` (a reused block),
 a following ReLU folded into the requantization clamp (at the output zero point, as
-``max(y, y_zp)``).
+``max(y, y_zp)``), and a following QLinearAdd computed from the rounded result in
+the kernel's work items (:func:`convengine.quant.api.residual`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,8 +19,9 @@ from ..quant import api as qapi
 from ..quant import cpu
 from ..threads import get_num_threads
 from .ops import Array, to_first, to_last
+from .qops import MICROSOFT_OPS, qlinear_add_params
 
-Launch = Callable[[Array, Array], None]
+QAdd = tuple[bool, list[Array]]  # (conv's result is A, [a_s, a_zp, b_s, b_zp, c_s, c_zp])
 
 
 class QConvStep:
@@ -28,19 +29,25 @@ class QConvStep:
     channels-last memory) with w ``(O, C/g, *K)``; y an NCHW view of channels-last
     ``(N, *S_out, O)`` memory of ``y_zp``'s dtype. Parameters as QLinearConv's inputs
     (scalars, or per output channel for ``w_scale``/``w_zp``), ``b`` int32 or None.
-    Without ``y_zp``: the exact int32 accumulator (plus ``b``), as ConvInteger."""
+    Without ``y_zp``: the exact int32 accumulator (plus ``b``), as ConvInteger.
+    With ``add``: ``step(x, other)`` is QLinearAdd(y, other) (or (other, y)) with the
+    add's constant parameters, its output of y's dtype."""
 
     def __init__(self, w: Array, x_scale: Any, x_zp: Array, w_scale: Any, w_zp: Array,
                  b: Array | None, args: dict[str, Any], *, y_scale: Array | None = None,
-                 y_zp: Array | None = None, relu: bool = False) -> None:
+                 y_zp: Array | None = None, relu: bool = False, add: QAdd | None = None
+                 ) -> None:
         self.w_last = np.ascontiguousarray(np.moveaxis(w, 1, -1))
         out_dtype = np.dtype(np.int32) if y_zp is None else np.asarray(y_zp).dtype
         self.params = (x_scale, x_zp, w_scale, w_zp, b, y_scale,
                        None if y_zp is None else np.asarray(y_zp), out_dtype, relu)
         self.args = args
-        self._launches: dict[tuple[Any, ...], tuple[qapi.Plan, Launch]] = {}
+        self.add = add
+        if add is not None:
+            self._add_params = qlinear_add_params(*add[1])
+        self._launches: dict[tuple[Any, ...], tuple[qapi.Plan, qapi.Launch]] = {}
 
-    def __call__(self, x: Array) -> Array:
+    def __call__(self, x: Array, other: Array | None = None) -> Array:
         xl = to_last(x)
         key = (xl.shape, xl.dtype, get_num_threads(), cpu.int8_path())
         found = self._launches.get(key)
@@ -48,13 +55,34 @@ class QConvStep:
             found = self._launches[key] = self._bind(xl)
         plan, launch = found
         problem = plan.problem
-        y = memory.empty((problem.batch * math.prod(problem.out_size), problem.out_channels),
-                     dtype=plan.out_dtype)
+        rows = problem.batch * math.prod(problem.out_size)
+        shape = problem.y_shape("NHWC")
+        y = memory.empty((rows, problem.out_channels), dtype=plan.out_dtype)
+        xc = qapi._canonical(xl, problem)
+        if self.add is None:
+            if y.size:
+                launch(xc, y)
+            return to_first(y.reshape(shape))
+        assert other is not None
+        ol = to_last(np.asarray(other))
+        if ol.shape != shape or ol.dtype.itemsize != 1:  # broadcasting: the add apart
+            if y.size:
+                launch(xc, y)
+            return self._add_apart(to_first(y.reshape(shape)), other)
         if y.size:
-            launch(qapi._canonical(xl, problem), y)
-        return to_first(y.reshape(problem.y_shape("NHWC")))
+            ra, rb, fixed = map(float, self._add_params)
+            launch(xc, y, qapi.residual(np.ascontiguousarray(ol).reshape(rows, -1), self.add[0],
+                                        ra, rb, fixed, plan.out_dtype))
+        return to_first(y.reshape(shape))
 
-    def _bind(self, xl: Array) -> tuple[qapi.Plan, Launch]:
+    def _add_apart(self, y: Array, other: Array) -> Array:
+        """QLinearAdd of y and ``other`` by the operator itself."""
+        assert self.add is not None
+        a_s, a_zp, b_s, b_zp, c_s, c_zp = self.add[1]
+        a, b = (y, other) if self.add[0] else (other, y)
+        return MICROSOFT_OPS["QLinearAdd"]([a, a_s, a_zp, b, b_s, b_zp, c_s, c_zp], {})[0]
+
+    def _bind(self, xl: Array) -> tuple[qapi.Plan, qapi.Launch]:
         xs, xzp, ws, wzp, b, ys, yzp, odt, relu = self.params
         plan = qapi._cached_plan((xl.shape, xl.dtype, self.w_last.shape, self.w_last.dtype,
                                   xs, xzp, ws, wzp, b, ys, yzp, odt, relu, "int32",

@@ -154,16 +154,23 @@ def _fma32(a: Array, b: Any, c: Any) -> Array:
             ).astype(np.float32)
 
 
+def qlinear_add_params(a_s: Array, a_zp: Array | None, b_s: Array, b_zp: Array | None,
+                       c_s: Array, zp: Array) -> tuple[np.float32, np.float32, np.float32]:
+    """QLinearAdd's float32 ``(r_a, r_b, fixed)``: ``r_a = a_s / c_s``, ``r_b = b_s /
+    c_s``, ``fixed = c_zp - (r_a a_zp + r_b b_zp)``."""
+    ra, rb = np.float32(a_s) / np.float32(c_s), np.float32(b_s) / np.float32(c_s)
+    za = np.float32(0 if a_zp is None else a_zp)
+    zb = np.float32(0 if b_zp is None else b_zp)
+    return ra, rb, np.float32(np.float32(zp) - (ra * za + rb * zb))
+
+
 def _qlinear_add(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
     """com.microsoft QLinearAdd as ONNX Runtime's x86 kernel computes it: with
     ``r_a = a_s / c_s``, ``r_b = b_s / c_s`` in float32,
     ``rint(fma(a, r_a, fma(b, r_b, c_zp - (r_a a_zp + r_b b_zp))))``, saturated."""
     a, a_s, a_zp, b, b_s, b_zp, c_s, c_zp = operands(inputs, "QLinearAdd", 7, 8)
     zp = np.zeros((), a.dtype) if c_zp is None else c_zp
-    ra, rb = np.float32(a_s) / np.float32(c_s), np.float32(b_s) / np.float32(c_s)
-    za = np.float32(0 if a_zp is None else a_zp)
-    zb = np.float32(0 if b_zp is None else b_zp)
-    fixed = np.float32(zp) - (ra * za + rb * zb)
+    ra, rb, fixed = qlinear_add_params(a_s, a_zp, b_s, b_zp, c_s, zp)
     if a.shape == b.shape and a.dtype.itemsize == b.dtype.itemsize == zp.dtype.itemsize == 1:
         views = [(a, b)] + ([(to_last(a), to_last(b))] if a.ndim >= 3 else [])
         for i, (am, bm) in enumerate(views):  # one compiled pass over alike memory

@@ -8,7 +8,8 @@ Add / GlobalAveragePool / MaxPool / Flatten / Reshape / Gemm into int8 forms, fo
 BatchNormalization into the preceding conv, fuses Conv + [Add] + activation into one
 step, prepares each conv with constant weights once (:class:`ConvStep`: packed for
 the algorithm convengine's heuristic picks, bias + residual + activation in one compiled pass;
-:class:`QConvStep`: int8 plan and packed weights bound, ReLU in the requantization;
+:class:`QConvStep`: int8 plan and packed weights bound, ReLU in the requantization,
+a QLinearAdd that alone reads the conv's output in the conv's kernel;
 QGemm through the int8 kernels) and lists when each tensor can be freed. Activations
 stay channels-last through the graph: convs, QuantizeLinear, MaxPool and QLinearAdd
 return NCHW views of NHWC memory that the next step reads without a copy.
@@ -175,6 +176,7 @@ class Session:
         nodes = self._rewrite_qdq_convs(nodes)
         nodes = self._rewrite_qdq_ops(nodes)
         nodes = self._fold_constants(nodes)
+        nodes = self._fuse_qlinear_adds(nodes)
         nodes = self._fold_batch_norms(nodes)
         nodes = self._fuse_epilogues(nodes)
         self._nodes = self._prune(nodes)
@@ -403,6 +405,40 @@ class Session:
             dropped.add(id(node))
         return [n for n in nodes if id(n) not in dropped]
 
+    def _fuse_qlinear_adds(self, nodes: list[_Node]) -> list[_Node]:
+        """QLinearConv -> QLinearAdd  ==>  the conv with the add in its kernel
+        (:class:`QConvStep`), when the conv's output feeds the add alone, every
+        parameter of both is a constant (the add's per tensor) and the add's output has
+        the conv's dtype. Of the add's two inputs the later made takes it (the other
+        exists by then); the conv's rounded result enters the add as before."""
+        made = self._producer_map(nodes)
+        users = self._consumers(nodes)
+        order = {id(n): i for i, n in enumerate(nodes)}
+        c = self._consts
+        dropped: set[int] = set()
+        for add in nodes:
+            if add.op_type != "QLinearAdd" or add.domain != "com.microsoft" or \
+                    len(add.inputs) != 8 or add.inputs[0] == add.inputs[3] or any(
+                        not n or n not in c or c[n].size != 1 for n in add.inputs[1:3]
+                        + add.inputs[4:]):
+                continue
+            last = max((made[n] for n in (add.inputs[0], add.inputs[3]) if n in made),
+                       key=lambda n: order[id(n)], default=None)
+            conv = last if last is not None and last.op_type == "QLinearConv" else None
+            if conv is None or "_add" in conv.attrs or \
+                    self._only_user(users, conv.outputs[0]) is not add or \
+                    len(conv.inputs) < 8 or not conv.inputs[2] or not conv.inputs[7] or \
+                    any(n not in c for n in conv.inputs[1:9] if n) or \
+                    c[conv.inputs[7]].dtype != c[add.inputs[7]].dtype:
+                continue
+            first = conv.outputs[0] == add.inputs[0]
+            conv.attrs["_add"] = (first, [c[add.inputs[i]] for i in (1, 2, 4, 5, 6, 7)])
+            conv.inputs = [*conv.inputs, *[""] * (9 - len(conv.inputs)),
+                           add.inputs[3 if first else 0]]
+            conv.outputs = list(add.outputs)
+            dropped.add(id(add))
+        return [n for n in nodes if id(n) not in dropped]
+
     def _fold_batch_norms(self, nodes: list[_Node]) -> list[_Node]:
         """Conv (constant weights) -> BatchNormalization  ==>  one conv."""
         made = self._producer_map(nodes)
@@ -552,21 +588,21 @@ class Session:
                 check_rank(x, w.shape)
                 return [step(x, xs[3:])]
             return run_conv
-        if node.op_type == "QLinearConv" and all(
-                n in c for i, n in enumerate(node.inputs) if i != 0 and n):
+        if node.op_type == "QLinearConv" and all(n in c for n in node.inputs[1:9] if n):
             w = c[node.inputs[3]]
-            params: list[Any] = [c[n] if n else None for n in node.inputs[1:]] + [None] * 8
+            params: list[Any] = [c[n] if n else None for n in node.inputs[1:9]] + [None] * 8
             xs, xzp, _, ws, wzp, ys, yzp, b = params[:8]
             if xzp is None or yzp is None:
                 return self._generic(node)
             qstep = QConvStep(w, xs, xzp, ws, wzp, b, conv_args(node.attrs, w.shape),
-                              y_scale=ys, y_zp=yzp, relu=bool(node.attrs.get("_relu", False)))
-            node.inputs[1:] = [""] * (len(node.inputs) - 1)  # held by the step
+                              y_scale=ys, y_zp=yzp, relu=bool(node.attrs.get("_relu", False)),
+                              add=node.attrs.get("_add"))
+            node.inputs[1:9] = [""] * len(node.inputs[1:9])  # held by the step; [9]: add's
 
             def run_qconv(xs: list[Any]) -> list[Array]:
                 x = np.asarray(xs[0])
                 check_rank(x, w.shape)
-                return [qstep(x)]
+                return [qstep(x, *xs[9:])]
             return run_qconv
         if node.op_type == "QGemm" and node.domain == "com.microsoft" and \
                 len(node.inputs) >= 6 and all(n in c for n in node.inputs[1:6] if n):

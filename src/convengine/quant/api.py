@@ -10,7 +10,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -315,11 +315,39 @@ def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
     bind(plan, w, x.dtype)(x, y)
 
 
-def bind(plan: Plan, w: np.ndarray,
-         x_dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray], None]:
+Residual = tuple[np.ndarray, int, np.ndarray]
+_NO_RESIDUAL: Residual = (np.zeros((1, 1), np.uint8), 0, np.zeros(5))
+
+
+class Launch(Protocol):
+    """A bound kernel: ``launch(x, y[, res])`` (see :func:`bind`)."""
+
+    def __call__(self, x: np.ndarray, y: np.ndarray, res: Residual = ...) -> None: ...
+
+
+def residual(res: np.ndarray, conv_first: bool, ra: float, rb: float, fixed: float,
+             out_dtype: np.dtype) -> Residual:
+    """A QLinearAdd for ``launch``'s ``res``: ``res`` 8-bit ``(M, O)`` C-contiguous, the
+    conv's result its ``a`` (``conv_first``) or ``b``; float32 ``ra``, ``rb``, ``fixed``
+    as :func:`kernels.qadd_value` takes them; saturated to ``out_dtype`` (the conv's)."""
+    lo, hi = np.iinfo(out_dtype).min, np.iinfo(out_dtype).max
+    return res, 1 if conv_first else 2, np.array([ra, rb, fixed, lo, hi], np.float64)
+
+
+def _with_residual(run: Callable[[np.ndarray, np.ndarray], None]) -> Launch:
+    """``run(x, y)`` followed by the residual add as a pass of its own."""
+    def launch(x: np.ndarray, y: np.ndarray, res: Residual = _NO_RESIDUAL) -> None:
+        run(x, y)
+        if res[1]:
+            kernels.add_residual(y, *res)
+    return launch
+
+
+def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
     """The plan's kernel with the packed form of the caller's ``w`` and every per-call
-    constant bound: ``launch(x, y)`` runs it on canonical x ``(N, D, H, W, C)`` of
-    ``x_dtype`` (uint8 or int8) into y ``(M, O)``. The weights are looked up (and
+    constant bound: ``launch(x, y[, res])`` runs it on canonical x ``(N, D, H, W, C)`` of
+    ``x_dtype`` (uint8 or int8) into y ``(M, O)``, then adds :func:`residual` ``res``
+    in place (fused into the VNNI kernels' work items). The weights are looked up (and
     checked) here, once: a caller that keeps ``launch`` binds again when ``w`` changes."""
     problem, rq, path = plan.problem, plan.requant, plan.path
     flip = 0x80 if x_dtype == np.int8 else 0
@@ -342,17 +370,17 @@ def bind(plan: Plan, w: np.ndarray,
                 depthwise_kernels.conv_depthwise_vnni_serial(x.view(np.uint8), *dw, *tail, y)
             else:
                 depthwise_kernels.conv_depthwise_vnni(x.view(np.uint8), *dw, threads, *tail, y)
-        return launch_dw
+        return _with_residual(launch_dw)
     if path == "depthwise":
         def launch_dw_portable(x: np.ndarray, y: np.ndarray) -> None:
             xs = x.view(np.uint8) ^ np.uint8(flip) if flip else x.view(np.uint8)
             depthwise_kernels.conv_depthwise(xs, xzp_u, packed.data, geo, *tail, y)
-        return launch_dw_portable
+        return _with_residual(launch_dw_portable)
     if path == "portable":
         def launch_portable(x: np.ndarray, y: np.ndarray) -> None:
             kernels.conv_portable(x.view(np.uint8), flip, xzp_u, packed.data, geo, groups,
                                   *tail, y)
-        return launch_portable
+        return _with_residual(launch_portable)
     col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
     dense = (flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term, geo, groups,
              packed.kc, packed.kc4, packed.nb)
@@ -363,7 +391,7 @@ def bind(plan: Plan, w: np.ndarray,
         def launch_amx(x: np.ndarray, y: np.ndarray) -> None:
             prows = kernels.panel_rows(y.shape[0], lda, get_num_threads(), 32)
             kernels.conv_amx(x.view(np.uint8), *dense, direct, prows, _TILE_CONFIG, *tail, y)
-        return launch_amx
+        return _with_residual(launch_amx)
     direct = _in_place(problem, 4) and flip == 0
     pad = np.zeros(kernels.NR, np.int32)  # whole 16-lane loads past O (see conv_vnni)
     dense = (*dense[:3], np.concatenate([dense[3], pad]), np.concatenate([dense[4], pad]),
@@ -376,21 +404,21 @@ def bind(plan: Plan, w: np.ndarray,
         nrows = problem.batch * problem.out_size[0]
         taps_w = _channels_to_4(packed, w, problem, plan.w_zero_point)
 
-        def launch_taps(x: np.ndarray, y: np.ndarray) -> None:
+        def launch_taps(x: np.ndarray, y: np.ndarray, res: Residual = _NO_RESIDUAL) -> None:
             threads = get_num_threads()
             if y.strides[1] != 1:
-                launch(x, y)
+                launch(x, y, res)
                 return
             parts = threads if packed.nb >= threads and nrows < 8 * threads else 1
             kernels.conv_vnni_taps(x.view(np.uint8), xzp_u, taps_w.data, dense[4], geo,
                                    taps_w.kc4, packed.nb, parts, tail[1],
                                    tail[2] if plan.mode == 0 else tail[3], rq.zero_point,
-                                   rq.lo, rq.hi, y)
+                                   rq.lo, rq.hi, y, *res)
 
-    def launch(x: np.ndarray, y: np.ndarray) -> None:
+    def launch(x: np.ndarray, y: np.ndarray, res: Residual = _NO_RESIDUAL) -> None:
         prows, parts = kernels.work_split(y.shape[0], lda, y.shape[1] // groups,
                                           get_num_threads())
-        kernels.conv_vnni(x.view(np.uint8), *dense, direct, prows, parts, *tail, y)
+        kernels.conv_vnni(x.view(np.uint8), *dense, direct, prows, parts, *tail, y, *res)
 
     if _implicit(problem, flip, plan.mode, packed.wzp):
         return launch_taps

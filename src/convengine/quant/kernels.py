@@ -17,6 +17,10 @@ Depthwise convolutions (groups == C == O) have their own kernels in :mod:`.depth
 
 ``mode`` selects the epilogue: 0 PyTorch float requantization, 1 ONNX int32-bias
 requantization, 2 the raw int32 accumulator plus the int32 bias.
+
+:func:`conv_vnni` and :func:`conv_vnni_taps` can end in a residual add (``res_kind``
+1 or 2, :func:`residual_rows`): ONNX Runtime's QLinearAdd of the 8-bit result just
+stored and an equally shaped ``res``, while those rows are still in cache.
 """
 
 from __future__ import annotations
@@ -60,6 +64,48 @@ def _epilogue(acc, o, mode, mult, bias_f, bias_i, zp, lo, hi):
     else:
         return np.float64(np.int32(acc + bias_i[o]))
     return min(max(v, np.float64(lo)), np.float64(hi))
+
+
+@njit(inline="always")
+def qadd_value(a, b, ra, rb, fixed, lo, hi):
+    """com.microsoft QLinearAdd of two 8-bit values as ONNX Runtime's x86 kernel:
+    ``rint(fma(a, ra, fma(b, rb, fixed)))`` clamped to [lo, hi], each float32 fma
+    carried in float64 and rounded once (``ra``, ``rb``, ``fixed`` float64 holding
+    float32 values; ``lo``, ``hi`` float32)."""
+    inner = np.float32(np.float64(b) * rb + fixed)
+    v = np.rint(np.float32(np.float64(a) * ra + np.float64(inner)))
+    v = v if v > lo else lo
+    return v if v < hi else hi
+
+
+@njit(inline="always")
+def residual_rows(out, m0, m1, c0, c1, res, kind, params):
+    """QLinearAdd in place over ``out[m0:m1, c0:c1]`` and ``res`` (both ``(M, O)``
+    8-bit): :func:`qadd_value` with ``a`` the conv's result and ``b = res`` (kind 1) or
+    the other way round (kind 2); ``params`` float64 ``[ra, rb, fixed, lo, hi]``.
+    Indexes are unsigned (no wraparound test: the loops vectorize)."""
+    ra, rb, fixed = params[0], params[1], params[2]
+    lo, hi = np.float32(params[3]), np.float32(params[4])
+    for m in range(m0, m1):
+        i = np.uintp(m)
+        if kind == 1:
+            for c in range(c0, c1):
+                j = np.uintp(c)
+                out[i, j] = qadd_value(out[i, j], res[i, j], ra, rb, fixed, lo, hi)
+        else:
+            for c in range(c0, c1):
+                j = np.uintp(c)
+                out[i, j] = qadd_value(res[i, j], out[i, j], ra, rb, fixed, lo, hi)
+
+
+@njit(parallel=True, cache=True)
+def add_residual(out, res, kind, params):
+    """:func:`residual_rows` over all of ``out``, for kernels without the fused pass."""
+    m_total = out.shape[0]
+    step = 64
+    for t in prange((m_total + step - 1) // step):
+        residual_rows(out, t * step, min(m_total, (t + 1) * step), 0, out.shape[1], res, kind,
+                      params)
 
 
 @njit(inline="always")
@@ -219,7 +265,7 @@ def work_split(m_total: int, lda: int, og: int, threads: int) -> tuple[int, int]
 
 @njit(parallel=True, cache=True)
 def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, prows,
-              parts, mode, mult, bias_f, bias_i, zp, lo, hi, out):
+              parts, mode, mult, bias_f, bias_i, zp, lo, hi, out, res, res_kind, res_params):
     """out[m, o] = epilogue(sum_k (a[m, k] - xzp)(w[o, k] - wzp[o])) via vpdpbusd.
 
     ``wp`` flat int8 (g, nb, kc4, 64, 4); ``wzp``, ``col_term`` (O,) int32 with
@@ -235,7 +281,8 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
     the panel accumulate in ``ctile``. In modes 0 and 1 with unit column stride the last
     chunk's micro-kernels requantize and store themselves (``wzp``, ``col_term``,
     ``mult`` and the mode's bias then hold 64 values of padding past O); else
-    :func:`_store_tile` does.
+    :func:`_store_tile` does. ``res_kind`` 1 or 2: each work item ends with
+    :func:`residual_rows` over its rows and columns (0: none; ``res`` unread).
     """
     m_total = out.shape[0]
     fuse = mode != 2 and out.strides[1] == 1
@@ -287,6 +334,10 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
                         _store_tile(ctile[(rb - m0) * NR:], min(MR, m1 - rb), ncol, rb, o0,
                                     rows, rb - m0, wzp, col_term, mode, mult, bias_f, bias_i,
                                     zp, lo, hi, out)
+            if res_kind != 0:
+                b0, b1 = part * nb // parts, (part + 1) * nb // parts
+                residual_rows(out, m0, m1, g * og + b0 * NR, g * og + min(og, b1 * NR), res,
+                              res_kind, res_params)
 
 
 @njit(inline="always")
@@ -348,7 +399,8 @@ def _tiles_requant(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep, out, ld
 
 
 @njit(parallel=True, cache=True)
-def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias, zp, lo, hi, out):
+def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias, zp, lo, hi, out,
+                   res, res_kind, res_params):
     """:func:`conv_vnni` without im2col (implicit GEMM) for ungrouped dilation-1 2-D
     convs on uint8 x and weights of zero point 0, requantized as mode 0 (float32
     ``bias``) or mode 1 (int32 ``bias``) (``wp``, ``col_term``, ``mult``, ``bias`` as
@@ -360,7 +412,7 @@ def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias, zp, lo
     loop walks the kernel taps in place (:func:`ukernel_taps_6x64`: rows ``sw * Cp``
     bytes apart, tap ``(kh, kw)`` at ``(kh * Wp + kw) * Cp``), the weights' (kh, kw, c)
     order being the im2col order. Work items: output rows, times ``parts`` column parts (as
-    :func:`conv_vnni`)."""
+    :func:`conv_vnni`), each ending in the residual add if ``res_kind`` asks (as there)."""
     n_img, h_in, w_in, chans = x.shape[0], x.shape[2], x.shape[3], x.shape[4]
     kh_n, kw_n, ph, pw, oh_n, ow_n = geo[1], geo[2], geo[7], geo[8], geo[13], geo[14]
     sh, sw = geo[4], geo[5]
@@ -420,6 +472,10 @@ def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias, zp, lo
                     ukernel_taps_6x64(xp, at, sw * cp, wp, b_off, c4n, taps, tapoff, mr, out, o_at,
                                       ldo, ncol, zeros, 0, col_term, col_term, bias, mult, o0,
                                       qmin, qmax, zp)
+        if res_kind != 0:
+            b0, b1 = part * nb // parts, (part + 1) * nb // parts
+            residual_rows(out, orow * ow_n, (orow + 1) * ow_n, b0 * NR, min(og, b1 * NR), res,
+                          res_kind, res_params)
 
 
 @njit(parallel=True, cache=True)
