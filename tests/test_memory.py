@@ -34,9 +34,13 @@ def test_large_arrays_are_aligned_and_reused_after_their_last_view_dies():
     assert b.ctypes.data == address and memory.free_bytes() == 0
 
 
-def test_small_arrays_come_from_numpy_and_dtypes_shapes_are_kept():
-    small = memory.empty((10, 10), np.float64)
-    assert small.base is None and small.shape == (10, 10)
+def test_every_array_starts_on_a_cache_line_and_keeps_dtype_and_shape():
+    for shape in ((10, 10), (3,), (7, 3, 5)):
+        small = memory.empty(shape, np.float64)
+        assert small.ctypes.data % memory.ALIGN == 0 and small.shape == shape
+        assert small.flags.c_contiguous and small.flags.writeable
+    small[...] = 2.5
+    assert (small == 2.5).all()
     big = memory.zeros(1 << 19, np.float64)
     assert big.dtype == np.float64 and big.shape == (1 << 19,) and not big.any()
 
@@ -114,10 +118,34 @@ def test_smaller_requests_reuse_larger_free_blocks_up_to_the_fit():
     assert small.ctypes.data != address
 
 
-def test_a_miss_releases_free_blocks_beyond_the_slack(monkeypatch):
+def test_a_miss_beyond_the_peak_releases_free_blocks_beyond_the_slack(monkeypatch):
+    """A request larger than everything free (not a matter of sizes): the pool would
+    hold more than its peak in use, so it keeps at most SLACK_BYTES free."""
     monkeypatch.setattr(memory, "SLACK_BYTES", 4 << 20)
+    memory.clear()
     blocks = [memory.empty(2 << 20, np.uint8) for _ in range(4)]
     del blocks
     assert memory.free_bytes() >= 8 << 20
-    kept = memory.empty(5 << 20, np.uint8)  # fits none of the free blocks
-    assert memory.free_bytes() <= 4 << 20 and kept.size == 5 << 20
+    kept = memory.empty(20 << 20, np.uint8)  # fits none of the free blocks
+    assert memory.free_bytes() <= 4 << 20 and kept.size == 20 << 20
+
+
+def test_repeated_passes_find_their_blocks_when_sizes_do_not_fit_each_other(monkeypatch):
+    """A pass of an 8 MiB then a 3 MiB array (never alive together, and too different
+    to share a block): the 3 MiB miss finds 8 MiB free but of the wrong size, so the
+    pool keeps the 8 MiB block (its headroom grows) instead of releasing it, and
+    later passes reuse both blocks. No slack beyond that (SLACK_BYTES 0)."""
+    monkeypatch.setattr(memory, "SLACK_BYTES", 0)
+    memory.clear()
+    addresses = []
+    for _ in range(3):
+        big = memory.empty(8 << 20, np.uint8)
+        small = None
+        addresses.append(big.ctypes.data)
+        del big
+        small = memory.empty(3 << 20, np.uint8)
+        addresses.append(small.ctypes.data)
+        del small
+    assert addresses[2:4] == addresses[4:6] == addresses[0:2]
+    memory.clear()
+    assert memory.free_bytes() == 0
