@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import convengine as ce
-from convengine.algorithms import blocked, blocked_weight
+from convengine.algorithms import blocked, blocked_weight, weight_cache
 from oracle import assert_close, random, reference
 
 # (id, x shape NHWC, w shape OHWI, conv args): stems, widths that are not a multiple
@@ -90,13 +90,18 @@ BWD_DATA_CASES = [
 ]
 
 
+@pytest.mark.parametrize("transient", [False, True], ids=["packed", "read-in-place"])
 @pytest.mark.parametrize(("x_shape", "w_shape", "kw"), [c[1:] for c in BWD_DATA_CASES],
                          ids=[c[0] for c in BWD_DATA_CASES])
-def test_backward_data_matches_reference(x_shape, w_shape, kw):
+def test_backward_data_matches_reference(x_shape, w_shape, kw, transient):
+    """Packed flipped panels, and (weights marked transient, as in a training step
+    whose weights change every call) the weights read in place where C fills whole
+    panels; the rest (24 channels) packs either way."""
     rng = np.random.default_rng(3)
     x, w = random(rng, x_shape, "float32"), random(rng, w_shape, "float32")
     dy = ce.conv(x, w, layout="NHWC", **kw)
-    got = ce.conv_backward_data(dy, w, x.shape, layout="NHWC", algo="blocked", **kw)
+    with weight_cache.transient(transient):
+        got = ce.conv_backward_data(dy, w, x.shape, layout="NHWC", algo="blocked", **kw)
     expected = reference("backward_data", dy, w, x.shape, layout="NHWC", **kw)
     assert_close(got, expected, "float32", "blocked backward-data")
 
@@ -236,3 +241,19 @@ def test_same_bits_finds_a_difference_in_the_head_and_in_the_tail():
         b[where] = -1
         assert not same_bits(a, b)
     assert same_bits(a, a.copy())
+
+
+def test_transient_backward_data_reads_the_weights_in_place(monkeypatch):
+    """Weights marked transient are not packed for the stride-1 backward-data (nor
+    stored); the same weights unmarked are packed once."""
+    packs = []
+    pack = blocked.pack_weight
+    monkeypatch.setattr(blocked, "pack_weight", lambda *a, **k: packs.append(1) or pack(*a, **k))
+    rng = np.random.default_rng(4)
+    w = random(rng, (48, 3, 3, 32), "float32")
+    dy = random(rng, (2, 9, 11, 48), "float32")
+    with weight_cache.transient(True):
+        ce.conv_backward_data(dy, w, (2, 9, 11, 32), layout="NHWC", algo="blocked", padding=1)
+    assert packs == []
+    ce.conv_backward_data(dy, w, (2, 9, 11, 32), layout="NHWC", algo="blocked", padding=1)
+    assert packs == [1]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from llvmlite import ir
@@ -38,7 +38,7 @@ from . import blocked_strided
 from ._common import too_large
 from ._fma import row_pointers, splat, store_rows, vector_ops
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_view
-from .weight_cache import WeightCache
+from .weight_cache import WeightCache, is_transient
 
 MR = 6  # output pixels per micro-tile (a row segment)
 TASKS_PER_THREAD = 8  # parallel tasks per thread, at least (a balanced share)
@@ -66,10 +66,12 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False) -> Any:
     * w[w_off + ((a * kw + b) * c + k) * 16 * nvec + j]``.
     Pixels ``r >= mr`` recompute pixel ``mr - 1`` and are not stored.
 
-    With ``gather`` the pixels' input offsets come from an array instead, and the
-    store is the inference epilogue: ``ukernel(x, offsets, hs, ws, kh, kw, c, w, w_off,
-    mr, y, y_off, ys, bias, b_off, res, has_res, act, valid)`` reads
-    ``x[offsets[r] + a*hs + b*ws + k]`` (pixels of several output rows) and stores
+    With ``gather`` the pixels' input offsets come from an array instead, the weights
+    are addressed by strides, and the store is the inference epilogue: ``ukernel(x,
+    offsets, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr, y, y_off, ys, bias, b_off,
+    res, has_res, act, valid)`` reads ``x[offsets[r] + a*hs + b*ws + k]`` (pixels of
+    several output rows) times ``w[w_off + a*was + b*wbs + k*wks + j]`` (packed panels,
+    or the 16 * nvec contiguous channels of a weight read in place) and stores
     lanes ``j < valid`` only, as ``act(sum + bias[b_off + j] [+ res[y_off + r*ys +
     j]])`` (the residual where ``has_res``; ``act`` 0: none, 1: ReLU, 2: ReLU6; NaN
     passes both), the order and roundings of :mod:`convengine.fused_epilogue`.
@@ -78,8 +80,9 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False) -> Any:
     i = types.intp
 
     def codegen(context, builder, signature, args):
-        names = (("x", "offsets", "hs", "ws", "kh", "kw", "c", "w", "w_off", "mr", "y",
-                  "y_off", "ys", "bias", "b_off", "res", "has_res", "act", "valid")
+        names = (("x", "offsets", "hs", "ws", "kh", "kw", "c", "w", "w_off", "was", "wbs",
+                  "wks", "mr", "y", "y_off", "ys", "bias", "b_off", "res", "has_res", "act",
+                  "valid")
                  if gather else ("x", "x_off", "ps", "hs", "ws", "kh", "kw", "c", "w",
                                  "w_off", "mr", "y", "y_off", "ys"))
         arg = dict(zip(names, args, strict=True))
@@ -106,18 +109,24 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False) -> Any:
             builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]), "llvm.fma.v16f32")
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VF, None))
                  for _ in range(nvec)] for _ in range(mr_rows)]
-        w_pos = cgutils.alloca_once_value(builder, builder.gep(w_data, [arg["w_off"]]))
+        w0 = builder.gep(w_data, [arg["w_off"]])
+        w_pos = cgutils.alloca_once_value(builder, w0)
         with cgutils.for_range(builder, arg["kh"]) as a_loop:
             off_a = builder.mul(a_loop.index, arg["hs"])
             with cgutils.for_range(builder, arg["kw"]) as b_loop:
                 off_ab = builder.add(off_a, builder.mul(b_loop.index, arg["ws"]))
+                if gather:  # this tap's weights: w_off + a*was + b*wbs, then k*wks
+                    tap = builder.add(builder.mul(a_loop.index, arg["was"]),
+                                      builder.mul(b_loop.index, arg["wbs"]))
+                    builder.store(builder.gep(w0, [tap]), w_pos)
+                step = arg["wks"] if gather else ir.Constant(intp, nr)
                 with cgutils.for_range(builder, arg["c"]) as k_loop:
                     off = builder.add(off_ab, k_loop.index)
                     wp = builder.load(w_pos)
                     wv = [builder.load(builder.bitcast(
                         builder.gep(wp, [ir.Constant(intp, VEC * j)]), _VF.as_pointer()),
                         align=4) for j in range(nvec)]
-                    builder.store(builder.gep(wp, [ir.Constant(intp, nr)]), w_pos)
+                    builder.store(builder.gep(wp, [step]), w_pos)
                     for r in range(mr_rows):
                         xs = builder.load(builder.gep(rows[r], [off]))
                         xv = splat(builder, xs, _VF)
@@ -131,9 +140,9 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False) -> Any:
             store_rows(builder, accs, y0, mr_v, arg["ys"], 4)
         return context.get_dummy_value()
 
-    def gathered(typingctx, x, offsets, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys,
-                 bias, b_off, res, has_res, act, valid):
-        return types.void(x, offsets, i, i, i, i, i, w, i, i, y, i, i, bias, i, res,
+    def gathered(typingctx, x, offsets, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr, y,
+                 y_off, ys, bias, b_off, res, has_res, act, valid):
+        return types.void(x, offsets, i, i, i, i, i, w, i, i, i, i, i, y, i, i, bias, i, res,
                           types.boolean, i, i), codegen
 
     def strided(typingctx, x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys):
@@ -237,32 +246,63 @@ def _driver(nvec: int) -> Any:
 
 
 @cache
+class WeightWalk(NamedTuple):
+    """Where the forward kernel finds its weights in a flat array: output-channel block
+    ``ob``'s weight for tap (a, b), reduction index k and lane j at ``first + ob *
+    block + a * row + b * col + k * step + j``; ``fused``: a kernel row's taps are one
+    run of KW * C (packed panels at unit column dilation)."""
+
+    kh: int
+    kw: int
+    first: int
+    block: int
+    row: int
+    col: int
+    step: int
+    fused: bool
+
+
+def packed_walk(wp: np.ndarray, dilation_w: int) -> WeightWalk:
+    """Packed panels wp (O'/NR, KH, KW, C, NR) (:func:`pack_weight`)."""
+    _, kh, kw, c, nr = wp.shape
+    return WeightWalk(kh, kw, 0, kh * kw * c * nr, kw * c * nr, c * nr, nr, dilation_w == 1)
+
+
+def flipped_walk(w: np.ndarray) -> WeightWalk:
+    """The weights w (O, KH, KW, C) of a conv read in place for its backward-data as a
+    forward conv (taps reversed, O the reduction, C the output channels): no packing.
+    The output channels of every block must lie inside C (C a multiple of NR)."""
+    o, kh, kw, c = w.shape
+    return WeightWalk(kh, kw, ((kh - 1) * kw + kw - 1) * c, 0, -kw * c, -c, kh * kw * c,
+                      False)
+
+
 def _gather_driver(nvec: int) -> Any:
     """The compiled forward over all ``N x OH x OW`` output pixels in micro-tiles of
     ``MR`` consecutive pixels, which may run over the end of an output row (their
     input offsets gathered per tile), so that short rows fill the tiles:
-    ``run(xp (N,Hp,Wp,C), wp (O'/NR,KH,KW,C,NR), y (N,OH,OW,O), bias (O',), res,
-    has_res, act, sh, sw, dh, dw, per_task)`` with the epilogue of the gathered
-    :func:`_make_ukernel` (``res`` y's shape, read where ``has_res``; O <= O', the
-    panels' zero-padded channels not stored), each task ``per_task`` tiles of one
-    output-channel block."""
+    ``run(xp (N,Hp,Wp,C), wf, y (N,OH,OW,O), bias (O',), res, has_res, act, sh, sw,
+    dh, dw, per_task, blocks_inside, *walk)`` with the weights found in the flat ``wf``
+    as the :class:`WeightWalk` ``walk`` says, the epilogue of the gathered
+    :func:`_make_ukernel` (``res`` y's shape, read where ``has_res``; O <= O' (O'
+    a multiple of 16 * nvec), lanes beyond O not stored), each task ``per_task``
+    tiles of one output-channel block, or of all (``blocks_inside``)."""
     mr = MR * 4 // nvec
     nr = VEC * nvec
     src = Source(__name__, f"blocked_gather_nr{nr}")
     src.expr("ukernel", f"_make_ukernel({mr}, {nvec}, gather=True)")
     ukernel = None  # bound in the kernel module
 
-    def run(xp, wp, y, bias, res, has_res, act, sh, sw, dh, dw, per_task,  # noqa: PLR0913
-            blocks_inside):
+    def run(xp, wf, y, bias, res, has_res, act, sh, sw, dh, dw, per_task,  # noqa: PLR0913
+            blocks_inside, kh_, kw_, w_first, w_block, w_row, w_col, w_step, fused):
         n_, hp, wpx, c_ = xp.shape
         _, oh_, ow_, o_ = y.shape
-        blocks, kh_, kw_ = wp.shape[0], wp.shape[1], wp.shape[2]
-        xf, wf, yf, rf = xp.reshape(-1), wp.reshape(-1), y.reshape(-1), res.reshape(-1)
+        blocks = (o_ + nr - 1) // nr
+        xf, yf, rf = xp.reshape(-1), y.reshape(-1), res.reshape(-1)
         image, pixels = oh_ * ow_, n_ * oh_ * ow_
         tiles = (pixels + mr - 1) // mr
-        wblock = kh_ * kw_ * c_ * nr
-        # unit column dilation: a kernel row's taps are one contiguous run of kw * c
-        taps, run_len = (1, kw_ * c_) if dw == 1 else (kw_, c_)
+        # fused: a kernel row's taps are one contiguous run of kw * c, input and weights
+        taps, run_len = (1, kw_ * c_) if fused else (kw_, c_)
         # a task: its tiles times one block, or times every block (each pixel's
         # channels then written at once, the tile's input read from L1)
         task_blocks = 1 if blocks_inside else blocks
@@ -284,9 +324,10 @@ def _gather_driver(nvec: int) -> Any:
                         if i == oh_:
                             i, n = 0, n + 1
                 for ob in range(b0, blocks if blocks_inside else b0 + 1):
-                    ukernel(xf, offsets, dh * wpx * c_, dw * c_, kh_, taps, run_len,
-                            wf, ob * wblock, m, yf, p0 * o_ + ob * nr, o_, bias, ob * nr,
-                            rf, has_res, act, min(nr, o_ - ob * nr))
+                    ukernel(xf, offsets, dh * wpx * c_, dw * c_, kh_, taps, run_len, wf,
+                            w_first + ob * w_block, w_row, w_col, w_step, m, yf,
+                            p0 * o_ + ob * nr, o_, bias, ob * nr, rf, has_res, act,
+                            min(nr, o_ - ob * nr))
 
     src.function(run, parallel=True, nogil=True)
     return load(src).run
@@ -424,27 +465,31 @@ def _workspace(problem: ConvProblem) -> int:
 
 def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray,
              bias: np.ndarray | None = None, residual: np.ndarray | None = None,
-             activation: str = "none") -> np.ndarray:
-    """The forward conv of x (N, *S, C) by packed weights wp (:func:`pack_weight`),
-    over all output pixels in tiles (:func:`_gather_driver`), with the inference
-    epilogue in its store: ``act(conv + bias [+ residual])``, bias (O',) float32
-    zero-padded to the panels' channels O' (None: no bias), residual (N, *S_out, O)
-    float32 C-contiguous or None, activation one of ``EPILOGUE_ACTIVATIONS``."""
+             activation: str = "none", *, nr: int | None = None,
+             walk: WeightWalk | None = None) -> np.ndarray:
+    """The forward conv of x (N, *S, C) by packed weights wp (:func:`pack_weight`), or
+    by weights wp laid out as ``walk`` says in panels of ``nr`` channels, over all
+    output pixels in tiles (:func:`_gather_driver`), with the inference epilogue in
+    its store: ``act(conv + bias [+ residual])``, bias (O',) float32 zero-padded to
+    the panels' channels O' (None: no bias), residual (N, *S_out, O) float32
+    C-contiguous or None, activation one of ``EPILOGUE_ACTIVATIONS``."""
     shape = problem.y_shape("NHWC")
     y = memory.empty(shape, np.float32)
     lead = 2 - problem.ndim
     sh, sw = (1,) * lead + problem.stride
     dh, dw = (1,) * lead + problem.dilation
-    nvec = wp.shape[-1] // VEC
-    panels = wp.shape[0] * wp.shape[-1]
+    if walk is None:
+        nr, walk = wp.shape[-1], packed_walk(wp, dw)
+    assert nr is not None
+    nvec, blocks = nr // VEC, -(-shape[-1] // nr)
     if bias is None:
-        bias = np.zeros(panels, np.float32)
+        bias = np.zeros(blocks * nr, np.float32)
     tiles = -(-problem.batch * math.prod(problem.out_size) // (MR * 4 // nvec))
     inside = wp.nbytes <= BLOCKS_INSIDE_BYTES
-    _gather_driver(nvec)(padded_input(x, problem), wp, _as2d(y, problem.ndim), bias,
-                         y if residual is None else residual, residual is not None,
+    _gather_driver(nvec)(padded_input(x, problem), wp.reshape(-1), _as2d(y, problem.ndim),
+                         bias, y if residual is None else residual, residual is not None,
                          EPILOGUE_ACTIVATIONS.index(activation), sh, sw, dh, dw,
-                         _per_task(tiles, 1 if inside else wp.shape[0]), inside)
+                         _per_task(tiles, 1 if inside else blocks), inside, *walk)
     return y
 
 
@@ -510,9 +555,14 @@ def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.
     (:mod:`.blocked_strided`)."""
     nr = VEC * _nvec(problem.in_channels)
     if all(s == 1 for s in problem.stride):
+        forward = backward_data_as_forward(problem)
+        if is_transient() and problem.in_channels % nr == 0:
+            # weights that change every call (training): read in place, not packed
+            w4 = _as2d(w, problem.ndim)
+            return _forward(forward, dy, w4, nr=nr, walk=flipped_walk(w4))
         wp, _ = PACKED.get(w, ("flipped", problem.ndim, nr),
                            lambda w: pack_weight(flipped_view(w), problem.ndim, nr))
-        return _forward(backward_data_as_forward(problem), dy, wp)
+        return _forward(forward, dy, wp)
     steps, dy_pads = blocked_strided.plan(problem)
     dx = (memory.empty if len(steps) == math.prod(problem.stride) else memory.zeros)(
         problem.x_shape("NHWC"), np.float32)
