@@ -203,23 +203,31 @@ def test_depthwise_kernels_against_int64_reference(case, int8_path, serial_max, 
         assert_equal_q(y, np.moveaxis(want, -1, 1), f"requantized relu={relu} {mode}")
 
 
-def test_depthwise_requantization_ties_and_saturation():
-    """The vectorised float epilogue (clamp before rounding) against the scalar formula
-    on exact .5 ties and on values far outside the output range, both signs."""
-    c = 32
+@pytest.mark.parametrize("c", [32, 40])
+def test_depthwise_requantization_ties_and_saturation(c):
+    """The vectorised epilogues (clamp before rounding; float32 bias, and int32 bias in
+    float64) against the scalar formula on exact .5 ties, on int32 sums that wrap and
+    on values far outside the output range, both signs; 40 channels: a ragged block."""
     x = np.zeros((1, c, 1, 1), np.uint8)
-    x[0, :, 0, 0] = np.arange(c) * 8
+    x[0, :, 0, 0] = np.arange(c) * 6
     w = np.ones((c, 1, 1, 1), np.int8)
-    bias = np.array([0.5, 1.5, -0.5, -2.5, 1e6, -1e6, 3e38, -3e38] * 4, np.float32)
-    for out_dtype, zp in [(np.uint8, 0), (np.uint8, 200), (np.int8, -3)]:
+    biases = {"float": np.resize(np.array([0.5, 1.5, -0.5, -2.5, 1e6, -1e6, 3e38, -3e38],
+                                          np.float32), c),
+              "int32": np.resize(np.array([1, 3, -1, -5, 2**31 - 2, -(2**31), 10**9, -(10**9)],
+                                          np.int32), c)}
+    for (mode, bias), (out_dtype, zp) in itertools.product(
+            biases.items(), [(np.uint8, 0), (np.uint8, 200), (np.int8, -3)]):
+        scale = 1.0 if mode == "float" else 0.5
         for relu in (False, True):
             acc = np.moveaxis(ref_acc(x, 0, w, 0, (1, 1), (0, 0), (1, 1), c), 1, -1)
-            rq = requant_params(1.0, np.ones(c), 1.0, zp, c, bias, out_dtype=out_dtype,
-                                relu=relu)
+            rq = requant_params(1.0, np.full(c, scale), 1.0, zp, c, bias, out_dtype=out_dtype,
+                                relu=relu, bias_mode=mode)
             want = apply_requant(acc.astype(np.int32), rq, out_dtype)
-            y = qconv(x, 1.0, 0, w, 1.0, 0, bias, out_scale=1.0, out_zero_point=zp,
-                      out_dtype=out_dtype, relu=relu, groups=c, algo="depthwise")
-            assert_equal_q(np.moveaxis(y, 1, -1), want, f"{np.dtype(out_dtype)} zp={zp}")
+            y = qconv(x, 1.0, 0, w, np.full(c, scale), 0, bias, out_scale=1.0,
+                      out_zero_point=zp, out_dtype=out_dtype, relu=relu, bias_mode=mode,
+                      groups=c, algo="depthwise")
+            assert_equal_q(np.moveaxis(y, 1, -1), want,
+                           f"{mode} {np.dtype(out_dtype)} zp={zp}")
 
 
 @pytest.mark.skipif(not HAS_VNNI, reason="the requantizing micro-kernels are VNNI kernels")

@@ -11,17 +11,18 @@ input column ``bx - pw``), so one ``vpdpbusd`` adds four taps of 16 channels:
 
     acc[c] = xzp * wterm[c] + sum_{g, kw} dot4(buf[g, ow * sw + kw * dw, c], wq[g, kw, c])
 
-Columns and rows outside the input hold the zero point ``xzp`` (they then add
-``(xzp - xzp) * w = 0`` to the exact sum), rows past ``R`` hold 0 (the fourth of a
-group of three: anything) against zero weights. Weights are packed
-(:func:`pack_weights`) as ``d = w - wzp`` when every ``d`` fits int8, else as ``w``
-with ``- wzp[c] * sum_t x_t`` added through a second ``vpdpbusd`` on ones;
-``wterm = T * wzp - sum_t w_t`` (int32 arithmetic wraps, and the true sum fits, so
-the result is exact). Mode 0 requantizes 16 channels in float32 exactly as
-``kernels._epilogue`` (see :func:`requant_codegen`), others go through ``_epilogue``
-per value. Each row kernel call covers several output rows (about 32 pixels); workers take rows from an
-atomic counter; :func:`conv_depthwise_vnni_serial` is the same without threads, for
-layers below ``SERIAL_MAX_MACS``.
+Columns and rows outside the input hold the zero point ``xzp`` (they then add ``(xzp -
+xzp) * w = 0`` to the exact sum), rows past ``R`` hold 0 (the fourth of a group of
+three: anything) against zero weights. Weights are packed (:func:`pack_weights`) as
+``d = w - wzp`` when every ``d`` fits int8, else as ``w`` with ``- wzp[c] * sum_t
+x_t`` added through a second ``vpdpbusd`` on ones; ``wterm = T * wzp - sum_t w_t``
+(int32 arithmetic wraps, and the true sum fits, so the result is exact). Modes 0 and 1
+requantize 16 channels at a time exactly as ``kernels._epilogue`` (see
+:func:`requant_codegen`, :func:`requant_i32_codegen`); the raw accumulator (mode 2)
+goes through ``_epilogue`` per value. Each row kernel call covers several output rows
+(about 32 pixels); workers take rows from an atomic counter;
+:func:`conv_depthwise_vnni_serial` is the same without threads, for layers below
+``SERIAL_MAX_MACS``.
 
 :func:`conv_depthwise` (any CPU): float32 products and sums of integers below 2**24,
 hence exact; used where VNNI is missing or the portable int8 path is forced.
@@ -37,7 +38,18 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._ir import LANES, VB, VF, VI, lane_mask, masked_load, masked_store, requant_codegen, splat
+from ._ir import (
+    LANES,
+    VB,
+    VF,
+    VI,
+    lane_mask,
+    masked_load,
+    masked_store,
+    requant_codegen,
+    requant_i32_codegen,
+    splat,
+)
 from .cpu import _features
 from .kernels import _epilogue
 
@@ -283,8 +295,9 @@ def _make_row_kernel(requant: bool) -> Any:
               (- wzp[c:] * sum of the same input bytes, if has_wzp)
 
     with ``b = boff + r * rowbuf + ow * step``, go to
-    ``dst[doff + (r * ow_n + ow) * dstride:][:16]``: requantized
-    (:func:`requant_codegen`, lanes < n, 8-bit) or as int32. The 3 x 3 case
+    ``dst[doff + (r * ow_n + ow) * dstride:][:16]``: requantized (lanes < n, 8-bit:
+    :func:`requant_codegen`, or :func:`requant_i32_codegen` for an int32 ``bias``) or
+    as int32. The 3 x 3 case
     (ngroups 1, kw_n 3) keeps its three weight vectors in registers."""
 
     def row_kernel(typingctx, buf, boff, tap, plane, ngroups, kw_n, step, ow_n, wq, woff, wtap,
@@ -316,8 +329,9 @@ def _make_row_kernel(requant: bool) -> Any:
             init = builder.mul(_load_vec(builder, arr[11].data, c_v, VI),
                                splat(builder, builder.trunc(xzp_v, _I32), VI))
             wzp_vec = _load_vec(builder, arr[12].data, c_v, VI)
+            onnx = isinstance(signature.args[15].dtype, types.Integer)  # int32 bias: mode 1
             if requant:
-                bias_vec = _load_vec(builder, arr[15].data, c_v, VF)
+                bias_vec = _load_vec(builder, arr[15].data, c_v, VI if onnx else VF)
                 mult_vec = _load_vec(builder, arr[16].data, c_v, VF)
                 mask = lane_mask(builder, n_v)
 
@@ -361,7 +375,8 @@ def _make_row_kernel(requant: bool) -> Any:
                         acc = builder.sub(acc, builder.mul(wzp_vec, xs))
                     at = builder.gep(dst_p, [builder.add(doff_v, builder.mul(pixel, dstride_v))])
                     if requant:
-                        q = requant_codegen(builder, acc, bias_vec, mult_vec, qmin_v, qmax_v, zp_v)
+                        q = (requant_i32_codegen if onnx else requant_codegen)(
+                            builder, acc, bias_vec, mult_vec, qmin_v, qmax_v, zp_v)
                         masked_store(builder, builder.trunc(q, VB), at, mask)
                     else:
                         builder.store(acc, builder.bitcast(at, VI.as_pointer()), align=4)
@@ -390,10 +405,10 @@ dw_row_acc = _make_row_kernel(False)
 
 @njit(cache=True)
 def _padded16(values, c16):
-    """float32 ``values`` zero-padded to length c16 (plain loop: no parallel region)."""
-    res = np.empty(c16, np.float32)
-    for c in range(c16):
-        res[c] = values[c] if c < values.shape[0] else np.float32(0)
+    """``values`` zero-padded to length c16 (plain loop: no parallel region)."""
+    res = np.zeros(c16, values.dtype)
+    for c in range(min(c16, values.shape[0])):
+        res[c] = values[c]
     return res
 
 
@@ -414,7 +429,7 @@ def _row_source(k, rows, n, od, oh, geo, x_shape, xzp):
 
 @njit(inline="always")
 def _worker(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult, bias_f, bias_i, zp, lo,
-            hi, out, mult16, bias16, next_row, grab, batch):
+            hi, out, mult16, bias16, biasi16, next_row, grab, batch):
     """One worker of :func:`conv_depthwise_vnni`: its buffers, then runs of ``grab`` output
     rows from the counter ``next_row`` until none are left, ``batch`` rows a call."""
     kh_n, kw_n = geo[1], geo[2]
@@ -431,7 +446,7 @@ def _worker(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult, bias_f, bias
     total = x.shape[0] * od_n * oh_n
     qmin, qmax = np.float32(lo - zp), np.float32(hi - zp)
     buf = np.empty(batch * region, np.uint8)
-    scratch = np.empty(batch * ow_n * c16 if mode != 0 else 16, np.int32)
+    scratch = np.empty(batch * ow_n * c16 if mode == 2 else 16, np.int32)
     buf32 = buf.view(np.int32)
     for k in range(batch):
         for g in range(ngroups):  # columns outside the input: the zero point
@@ -454,11 +469,12 @@ def _worker(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult, bias_f, bias
         for row0 in range(first, min(total, first + grab), batch):
             _depthwise_rows(row0, min(batch, total - row0), xflat, x.shape, flip, xzp, wq,
                             wterm, wzp, has_wzp, geo, buf, region, scratch, mode, mult,
-                            bias_f, bias_i, zp, lo, hi, mult16, bias16, qmin, qmax, oflat, out)
+                            bias_f, bias_i, zp, lo, hi, mult16, bias16, biasi16, qmin, qmax,
+                            oflat, out)
 
 
 @njit(inline="always")
-def _schedule(x, wterm, geo, mult, bias_f, mode, nchunks):
+def _schedule(x, wterm, geo, mult, bias_f, bias_i, mode, nchunks):
     """Per call: padded constants, the row counter, rows per kernel call (``batch``:
     about 32 pixels, spreading each call's set-up of weights and constants, in at most
     256 KiB of buffer) and rows a worker takes at a time (``grab``, a multiple)."""
@@ -466,6 +482,7 @@ def _schedule(x, wterm, geo, mult, bias_f, mode, nchunks):
     ragged = c16 != x.shape[4]
     mult16 = _padded16(mult, c16) if ragged else mult
     bias16 = _padded16(bias_f, c16) if ragged and mode == 0 else bias_f
+    biasi16 = _padded16(bias_i, c16) if ragged and mode == 1 else bias_i
     ow_n = geo[14]
     region = ((geo[0] * geo[1] + 3) // 4) * ((ow_n - 1) * geo[5] + (geo[2] - 1) * geo[11] + 1) \
         * c16 * 4
@@ -474,7 +491,7 @@ def _schedule(x, wterm, geo, mult, bias_f, mode, nchunks):
     grab = batch * max(1, total // (8 * nchunks * batch))
     next_row = np.empty(1, np.int64)
     next_row[0] = 0
-    return mult16, bias16, next_row, grab, batch
+    return mult16, bias16, biasi16, next_row, grab, batch
 
 
 @njit(parallel=True, cache=True)
@@ -484,11 +501,11 @@ def conv_depthwise_vnni(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, nchunks, mod
     ``has_wzp`` from :func:`pack_weights`. ``nchunks`` workers (one per thread) take
     output rows in runs from a shared atomic counter, so a worker slowed down by
     another process on its core does not hold the others up."""
-    mult16, bias16, next_row, grab, batch = _schedule(x, wterm, geo, mult, bias_f, mode,
-                                                      nchunks)
+    mult16, bias16, biasi16, next_row, grab, batch = _schedule(x, wterm, geo, mult, bias_f,
+                                                               bias_i, mode, nchunks)
     for _worker_id in prange(nchunks):
         _worker(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult, bias_f, bias_i, zp,
-                lo, hi, out, mult16, bias16, next_row, grab, batch)
+                lo, hi, out, mult16, bias16, biasi16, next_row, grab, batch)
 
 
 @njit(cache=True)
@@ -496,15 +513,16 @@ def conv_depthwise_vnni_serial(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode,
                                bias_f, bias_i, zp, lo, hi, out):
     """:func:`conv_depthwise_vnni` on the calling thread, without a parallel region
     (whose start costs more than a second thread saves on small layers)."""
-    mult16, bias16, next_row, grab, batch = _schedule(x, wterm, geo, mult, bias_f, mode, 1)
+    mult16, bias16, biasi16, next_row, grab, batch = _schedule(x, wterm, geo, mult, bias_f,
+                                                               bias_i, mode, 1)
     _worker(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult, bias_f, bias_i, zp, lo,
-            hi, out, mult16, bias16, next_row, grab, batch)
+            hi, out, mult16, bias16, biasi16, next_row, grab, batch)
 
 
 @njit(inline="always")
 def _depthwise_rows(row0, nrows, xflat, x_shape, flip, xzp, wq, wterm, wzp, has_wzp, geo, buf,
                     region, scratch, mode, mult, bias_f, bias_i, zp, lo, hi, mult16, bias16,
-                    qmin, qmax, oflat, out):
+                    biasi16, qmin, qmax, oflat, out):
     """Output rows row0 .. row0 + nrows - 1 (each an (n, od, oh)): interleave the input
     rows of each into its ``region`` of ``buf``, then every 16-channel block of all their
     pixels (see :func:`conv_depthwise_vnni`)."""
@@ -541,11 +559,16 @@ def _depthwise_rows(row0, nrows, xflat, x_shape, flip, xzp, wq, wterm, wzp, has_
                            wq, 64 * j, col, wterm, wzp, has_wzp, 16 * j, bias16, mult16,
                            qmin, qmax, zp, chans - 16 * j, oflat, m0 * chans + 16 * j,
                            chans, xzp, rows, nrows, region)
+        elif mode == 1:
+            dw_row_requant(buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n,
+                           wq, 64 * j, col, wterm, wzp, has_wzp, 16 * j, biasi16, mult16,
+                           qmin, qmax, zp, chans - 16 * j, oflat, m0 * chans + 16 * j,
+                           chans, xzp, rows, nrows, region)
         else:
             dw_row_acc(buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n,
                        wq, 64 * j, col, wterm, wzp, has_wzp, 16 * j, bias16, mult16,
                        qmin, qmax, zp, 16, scratch, 16 * j, c16, xzp, rows, nrows, region)
-    if mode != 0:
+    if mode == 2:
         for p in range(nrows * ow_n):
             for c in range(chans):
                 out[m0 + p, c] = _epilogue(scratch[p * c16 + c], c, mode, mult, bias_f,
