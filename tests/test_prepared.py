@@ -48,7 +48,8 @@ def test_nonfinite_weights_and_empty_batches_follow_conv():
 
 
 def test_fused_conv_sees_weights_changed_through_pytorch():
-    """In-place changes (version counter) and a new weight tensor prepare again;
+    """In-place changes of weight or bias (version counter), a new weight tensor and a
+    loaded state prepare again;
     pickling and deep copies drop the prepared conv and rebuild it."""
     torch = pytest.importorskip("torch")
     import convengine.torch as cet
@@ -70,6 +71,11 @@ def test_fused_conv_sees_weights_changed_through_pytorch():
         fused.weight.mul_(-2)
     check(fused(x))
     fused.weight = torch.randn(32, 16, 3, 3).contiguous(memory_format=torch.channels_last)
+    check(fused(x))
+    with torch.no_grad():  # the bias is prepared too (blocked adds it in its store)
+        fused.bias.add_(3)
+    check(fused(x))
+    fused.load_state_dict({"weight": fused.weight, "bias": torch.randn(32)})
     check(fused(x))
     for twin in (copy.deepcopy(fused), pickle.loads(pickle.dumps(fused))):
         check(twin(x))
