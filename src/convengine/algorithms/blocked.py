@@ -245,7 +245,6 @@ def _driver(nvec: int) -> Any:
     return load(src).run
 
 
-@cache
 class WeightWalk(NamedTuple):
     """Where the forward kernel finds its weights in a flat array: output-channel block
     ``ob``'s weight for tap (a, b), reduction index k and lane j at ``first + ob *
@@ -277,6 +276,7 @@ def flipped_walk(w: np.ndarray) -> WeightWalk:
                       False)
 
 
+@cache
 def _gather_driver(nvec: int) -> Any:
     """The compiled forward over all ``N x OH x OW`` output pixels in micro-tiles of
     ``MR`` consecutive pixels, which may run over the end of an output row (their
