@@ -135,3 +135,30 @@ def test_float64_and_thread_counts():
     model = _conv_model(w, None, 1, TAILS["relu"], BOUNDS)
     one, two = (ceo.Session(model, threads=t).run(None, {"x": x})[0] for t in (1, 2))
     np.testing.assert_allclose(one, two, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("trans_b", "c_shape", "beta", "alpha"), [
+    (1, (10,), 1.0, 1.0), (0, (1, 10), 0.5, 1.0), (1, (), 1.0, 1.0), (1, None, 1.0, 1.0),
+    (1, (10,), 1.0, 2.0),  # alpha: the generic Gemm
+])
+def test_gemm_with_constant_b_runs_as_a_prepared_conv(trans_b, c_shape, beta, alpha):
+    """Gemm with constant B and C against onnx.reference, for one row and several,
+    B stored either way round, C as a vector, a row, a scalar or absent."""
+    k, n = 37, 10
+    b = f32(n, k) if trans_b else f32(k, n)
+    inits = {"b": b}
+    if c_shape is not None:
+        inits["c"] = f32(*c_shape)
+    node = helper.make_node("Gemm", ["a", "b", *(["c"] if c_shape is not None else [])], ["y"],
+                            transB=trans_b, beta=beta, alpha=alpha)
+    graph = helper.make_graph(
+        [node], "gemm", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
+        [numpy_helper.from_array(v, name) for name, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ceo.Session(model.SerializeToString())
+    for m in (1, 5):
+        a = f32(m, k)
+        (want,) = ReferenceEvaluator(model).run(None, {"a": a})
+        (got,) = session.run(None, {"a": a})
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))

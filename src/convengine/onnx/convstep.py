@@ -101,3 +101,36 @@ class ConvStep:
             return apply_steps(to_first(y), self.rest, extra) if self.rest else to_first(y)
         # a broadcasting residual: the bias fused, the rest in numpy
         return apply_steps(to_first(self.conv(xl, activation="none")), self.steps, extra)
+
+
+class GemmStep:
+    """``step(a (M, K)) -> (M, N)``: ONNX Gemm with a constant B and C, ``alpha`` 1 and
+    ``transA`` 0, as a 1x1 conv of M pixels (:class:`PreparedConv`: B packed once,
+    ``beta * C`` added in the kernel's store, the rows on convengine's threads)
+    instead of a single-threaded BLAS call. :func:`gemm_step` says whether it serves
+    a node; inputs other than 2-D float32 take ``fallback``."""
+
+    def __init__(self, b: Array, c: Array | None, attrs: Mapping[str, Any],
+                 fallback: Any) -> None:
+        w = b if attrs.get("transB", 0) else b.T  # (N, K)
+        n = w.shape[0]
+        bias = None if c is None else \
+            np.broadcast_to((c * c.dtype.type(attrs.get("beta", 1.0))).reshape(-1), (n,))
+        self.conv = PreparedConv(np.ascontiguousarray(w).reshape(n, 1, 1, -1), bias=bias)
+        self.fallback = fallback
+
+    def __call__(self, a: Array) -> Array:
+        if a.dtype != np.float32 or a.ndim != 2 or a.shape[1] != self.conv.w_shape[-1]:
+            return self.fallback(a)
+        y = self.conv(a.reshape(a.shape[0], 1, 1, a.shape[1]))
+        return y.reshape(a.shape[0], -1)
+
+
+def gemm_step(b: Array, c: Array | None, attrs: Mapping[str, Any]) -> bool:
+    """Whether :class:`GemmStep` serves a Gemm node with constant B (2-D float32) and
+    C (None, or float32 broadcasting along one row of the output)."""
+    n = b.shape[0] if attrs.get("transB", 0) else b.shape[-1]
+    return (b.ndim == 2 and b.dtype == np.float32 and not attrs.get("transA", 0)
+            and float(attrs.get("alpha", 1.0)) == 1.0
+            and (c is None or c.dtype == np.float32 and c.size in (1, n)
+                 and c.ndim <= 2 and (c.ndim < 2 or c.shape[0] == 1)))

@@ -28,7 +28,7 @@ from onnx import numpy_helper
 
 from ..errors import ConvSetupError
 from ..threads import get_num_threads, set_num_threads
-from .convstep import ConvStep
+from .convstep import ConvStep, GemmStep, gemm_step
 from .ops import (
     OPS,
     OPSET_DEPENDENT,
@@ -604,6 +604,14 @@ class Session:
                 check_rank(x, w.shape)
                 return [qstep(x, *xs[9:])]
             return run_qconv
+        if node.op_type == "Gemm" and all(n in c for n in node.inputs[1:3] if n):
+            b_, c_ = c[node.inputs[1]], (c[node.inputs[2]] if len(node.inputs) > 2
+                                           and node.inputs[2] else None)
+            if gemm_step(b_, c_, node.attrs):
+                generic = self._generic(node)
+                gstep = GemmStep(b_, c_, node.attrs, lambda a: generic([a, b_, c_])[0])
+                node.inputs[1:] = [""] * (len(node.inputs) - 1)  # held by the step
+                return lambda xs: [gstep(np.asarray(xs[0]))]
         if node.op_type == "QGemm" and node.domain == "com.microsoft" and \
                 len(node.inputs) >= 6 and all(n in c for n in node.inputs[1:6] if n):
             return self._compile_qgemm(node)
