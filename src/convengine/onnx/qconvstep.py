@@ -22,6 +22,9 @@ from .ops import Array, to_first, to_last
 from .qops import MICROSOFT_OPS, qlinear_add_params
 
 QAdd = tuple[bool, list[Array]]  # (conv's result is A, [a_s, a_zp, b_s, b_zp, c_s, c_zp])
+# axes of to_last / to_first by rank (NC(D)HW <-> N(D)HWC views)
+_LAST = {nd: (0, *range(2, nd), 1) for nd in (3, 4, 5)}
+_FIRST = {nd: (0, nd - 1, *range(1, nd - 1)) for nd in (3, 4, 5)}
 
 
 class QConvStep:
@@ -48,7 +51,8 @@ class QConvStep:
         self._launches: dict[tuple[Any, ...], tuple[qapi.Plan, qapi.Launch]] = {}
 
     def __call__(self, x: Array, other: Array | None = None) -> Array:
-        xl = to_last(x)
+        nd = x.ndim
+        xl = x.transpose(_LAST[nd])  # (np.moveaxis costs 2 us a call)
         key = (xl.shape, xl.dtype, get_num_threads(), cpu.int8_path())
         found = self._launches.get(key)
         if found is None:
@@ -57,12 +61,14 @@ class QConvStep:
         problem = plan.problem
         rows = problem.batch * math.prod(problem.out_size)
         shape = problem.y_shape("NHWC")
-        y = memory.empty((rows, problem.out_channels), dtype=plan.out_dtype)
+        o = problem.out_channels
+        small = rows * o * plan.out_dtype.itemsize < memory.MIN_BYTES
+        y = (np.empty if small else memory.empty)((rows, o), plan.out_dtype)
         xc = qapi._canonical(xl, problem)
         if self.add is None:
             if y.size:
                 launch(xc, y)
-            return to_first(y.reshape(shape))
+            return y.reshape(shape).transpose(_FIRST[nd])
         assert other is not None
         ol = to_last(np.asarray(other))
         if ol.shape != shape or ol.dtype.itemsize != 1:  # broadcasting: the add apart
@@ -73,7 +79,7 @@ class QConvStep:
             ra, rb, fixed = map(float, self._add_params)
             launch(xc, y, qapi.residual(np.ascontiguousarray(ol).reshape(rows, -1), self.add[0],
                                         ra, rb, fixed, plan.out_dtype))
-        return to_first(y.reshape(shape))
+        return y.reshape(shape).transpose(_FIRST[nd])
 
     def _add_apart(self, y: Array, other: Array) -> Array:
         """QLinearAdd of y and ``other`` by the operator itself."""
