@@ -59,7 +59,7 @@ def qlinear_add(a: np.ndarray, b: np.ndarray, ra: np.float32, rb: np.float32,
     contiguous 8-bit of one length; float32 ``ra``, ``rb``, ``fixed``."""
     info = np.iinfo(dtype)
     y = memory.empty(a.shape, dtype)
-    _qlinear_add(a, b, np.float64(ra), np.float64(rb), np.float64(fixed),
+    _qlinear_add(a, b, np.float32(ra), np.float32(rb), np.float32(fixed),
                  np.float32(info.min), np.float32(info.max), y)
     return y
 

@@ -1,12 +1,17 @@
 """LLVM IR helpers shared by the int8 kernels' intrinsics: splats, lane masks, masked
 loads and stores of 16-lane vectors, and the requantization of int32 lanes
 (:func:`requant_codegen`: float32, ``kernels._epilogue`` mode 0;
-:func:`requant_i32_codegen`: int32 bias, float64, mode 1)."""
+:func:`requant_i32_codegen`: int32 bias, float64, mode 1); :func:`fma32`, float32
+fused multiply-add for numba code (``llvm.fma.f32``: loops of it vectorize)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from llvmlite import ir
+from numba import types
 from numba.core import cgutils
+from numba.extending import intrinsic
 
 LANES = 16
 _I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -96,3 +101,17 @@ def requant_i32_codegen(builder: ir.IRBuilder, acc: ir.Value, bias: ir.Value, mu
         halves.append(builder.call(cvt, [v, ir.Constant(_VI8, None), ir.Constant(_I8, -1),
                                          ir.Constant(_I32, 8)]))
     return builder.shuffle_vector(halves[0], halves[1], ir.Constant(VI, list(range(LANES))))
+
+
+@intrinsic
+def fma32(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
+    """``a * b + c`` in float32 with one rounding (the float32 arguments' FMA)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+        f = ir.FloatType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f, [f, f, f]),
+                                            "llvm.fma.f32")
+        return builder.call(fn, args)
+
+    return sig, codegen

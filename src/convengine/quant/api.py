@@ -316,7 +316,7 @@ def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
 
 
 Residual = tuple[np.ndarray, int, np.ndarray]
-_NO_RESIDUAL: Residual = (np.zeros((1, 1), np.uint8), 0, np.zeros(5))
+_NO_RESIDUAL: Residual = (np.zeros((1, 1), np.uint8), 0, np.zeros(5, np.float32))
 
 
 class Launch(Protocol):
@@ -331,7 +331,7 @@ def residual(res: np.ndarray, conv_first: bool, ra: float, rb: float, fixed: flo
     conv's result its ``a`` (``conv_first``) or ``b``; float32 ``ra``, ``rb``, ``fixed``
     as :func:`kernels.qadd_value` takes them; saturated to ``out_dtype`` (the conv's)."""
     lo, hi = np.iinfo(out_dtype).min, np.iinfo(out_dtype).max
-    return res, 1 if conv_first else 2, np.array([ra, rb, fixed, lo, hi], np.float64)
+    return res, 1 if conv_first else 2, np.array([ra, rb, fixed, lo, hi], np.float32)
 
 
 def _with_residual(run: Callable[[np.ndarray, np.ndarray], None]) -> Launch:

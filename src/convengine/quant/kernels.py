@@ -30,6 +30,7 @@ from numba import njit, prange
 
 from ._amx import amx_32x32, amx_begin, amx_end
 from ._copy import copy_bytes
+from ._ir import fma32
 from ._vnni import (
     MR,
     NR,
@@ -68,12 +69,11 @@ def _epilogue(acc, o, mode, mult, bias_f, bias_i, zp, lo, hi):
 
 @njit(inline="always")
 def qadd_value(a, b, ra, rb, fixed, lo, hi):
-    """com.microsoft QLinearAdd of two 8-bit values as ONNX Runtime's x86 kernel:
-    ``rint(fma(a, ra, fma(b, rb, fixed)))`` clamped to [lo, hi], each float32 fma
-    carried in float64 and rounded once (``ra``, ``rb``, ``fixed`` float64 holding
-    float32 values; ``lo``, ``hi`` float32)."""
-    inner = np.float32(np.float64(b) * rb + fixed)
-    v = np.rint(np.float32(np.float64(a) * ra + np.float64(inner)))
+    """com.microsoft QLinearAdd of two 8-bit values as ONNX Runtime's x86 kernel
+    (MLAS, ``vfmadd`` on float32 lanes): ``rint(fma(a, ra, fma(b, rb, fixed)))``
+    clamped to [lo, hi], all float32 (:func:`fma32`; 3.4x the speed of carrying each
+    fma in float64, which double-rounds where the exact sum needs over 53 bits)."""
+    v = np.rint(fma32(np.float32(a), ra, fma32(np.float32(b), rb, fixed)))
     v = v if v > lo else lo
     return v if v < hi else hi
 
@@ -82,10 +82,9 @@ def qadd_value(a, b, ra, rb, fixed, lo, hi):
 def residual_rows(out, m0, m1, c0, c1, res, kind, params):
     """QLinearAdd in place over ``out[m0:m1, c0:c1]`` and ``res`` (both ``(M, O)``
     8-bit): :func:`qadd_value` with ``a`` the conv's result and ``b = res`` (kind 1) or
-    the other way round (kind 2); ``params`` float64 ``[ra, rb, fixed, lo, hi]``.
+    the other way round (kind 2); ``params`` float32 ``[ra, rb, fixed, lo, hi]``.
     Indexes are unsigned (no wraparound test: the loops vectorize)."""
-    ra, rb, fixed = params[0], params[1], params[2]
-    lo, hi = np.float32(params[3]), np.float32(params[4])
+    ra, rb, fixed, lo, hi = params[0], params[1], params[2], params[3], params[4]
     for m in range(m0, m1):
         i = np.uintp(m)
         if kind == 1:
