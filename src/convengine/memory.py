@@ -34,7 +34,7 @@ import numpy as np
 MIN_BYTES = 1 << 20
 FIT = 2  # a free block serves requests down to 1/FIT of its size
 POOL_BYTES = 1 << 30  # free blocks kept, at most
-SLACK_BYTES = 64 << 20  # free bytes kept past a miss (see _take)
+SLACK_BYTES = 32 << 20  # free bytes kept past a miss beyond those in use (see _take)
 ALIGN = 64
 
 _lock = threading.RLock()  # re-entrant: a lease may die (and give back) under it

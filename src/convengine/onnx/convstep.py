@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import api
+from ..errors import ConvSetupError
 from ..prepared import PreparedConv
 from .ops import Array, hard_sigmoid, sigmoid, to_first, to_last
 
@@ -105,24 +106,24 @@ class ConvStep:
 
 class GemmStep:
     """``step(a (M, K)) -> (M, N)``: ONNX Gemm with a constant B and C, ``alpha`` 1 and
-    ``transA`` 0, as a 1x1 conv of M pixels (:class:`PreparedConv`: B packed once,
-    ``beta * C`` added in the kernel's store, the rows on convengine's threads)
-    instead of a single-threaded BLAS call. :func:`gemm_step` says whether it serves
-    a node; inputs other than 2-D float32 take ``fallback``."""
+    ``transA`` 0, as a 1x1 conv of M pixels (:class:`PreparedConv`: B packed once and
+    kept only so, ``beta * C`` added in the kernel's store, the rows on convengine's
+    threads) instead of a single-threaded BLAS call. :func:`gemm_step` says whether it
+    serves a node; a float32 ``a`` of K columns is what a float graph feeds it."""
 
-    def __init__(self, b: Array, c: Array | None, attrs: Mapping[str, Any],
-                 fallback: Any) -> None:
+    def __init__(self, b: Array, c: Array | None, attrs: Mapping[str, Any]) -> None:
         w = b if attrs.get("transB", 0) else b.T  # (N, K)
         n = w.shape[0]
         bias = None if c is None else \
             np.broadcast_to((c * c.dtype.type(attrs.get("beta", 1.0))).reshape(-1), (n,))
         self.conv = PreparedConv(np.ascontiguousarray(w).reshape(n, 1, 1, -1), bias=bias)
-        self.fallback = fallback
 
     def __call__(self, a: Array) -> Array:
-        if a.dtype != np.float32 or a.ndim != 2 or a.shape[1] != self.conv.w_shape[-1]:
-            return self.fallback(a)
-        y = self.conv(a.reshape(a.shape[0], 1, 1, a.shape[1]))
+        k = self.conv.w_shape[-1]
+        if a.dtype != np.float32 or a.ndim != 2 or a.shape[1] != k:
+            raise ConvSetupError(f"Gemm: A must be a float32 (M, {k}) matrix, got "
+                                 f"{a.dtype} of shape {a.shape}")
+        y = self.conv(a.reshape(a.shape[0], 1, 1, k))
         return y.reshape(a.shape[0], -1)
 
 

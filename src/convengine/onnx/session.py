@@ -608,8 +608,7 @@ class Session:
             b_, c_ = c[node.inputs[1]], (c[node.inputs[2]] if len(node.inputs) > 2
                                            and node.inputs[2] else None)
             if gemm_step(b_, c_, node.attrs):
-                generic = self._generic(node)
-                gstep = GemmStep(b_, c_, node.attrs, lambda a: generic([a, b_, c_])[0])
+                gstep = GemmStep(b_, c_, node.attrs)
                 node.inputs[1:] = [""] * (len(node.inputs) - 1)  # held by the step
                 return lambda xs: [gstep(np.asarray(xs[0]))]
         if node.op_type == "QGemm" and node.domain == "com.microsoft" and \
