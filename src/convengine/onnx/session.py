@@ -412,7 +412,7 @@ class Session:
         the conv's dtype. Of the add's two inputs the later made takes it (the other
         exists by then); the conv's rounded result enters the add as before."""
         made = self._producer_map(nodes)
-        users = self._consumers(nodes)
+        users = self._consumers(self._prune(nodes))  # not the QDQ rewrites' dead DQs
         order = {id(n): i for i, n in enumerate(nodes)}
         c = self._consts
         dropped: set[int] = set()
