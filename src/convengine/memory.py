@@ -73,7 +73,10 @@ class _Lease:
                                     "data": (start, False), "version": 3}
 
     def __del__(self) -> None:
-        _give_back(self.block)
+        try:
+            _give_back(self.block)
+        except TypeError:  # interpreter shutdown: the module's globals are gone
+            pass
 
 
 def _take(size: int) -> np.ndarray:
