@@ -432,9 +432,10 @@ def test_implicit_gemm_against_int64_reference(n, c, o, h, w, k, pad, s, threads
 
 
 def test_work_split_prefers_rows_at_near_equal_tiles():
-    """Column parts only where they save the busiest thread a tenth of its tiles: at
-    about equal counts the threads take row panels (each reads its own rows of x)."""
+    """Column parts only where they save the busiest thread a twentieth of its tiles:
+    at about equal counts the threads take row panels (each reads its own rows of x)."""
     from convengine.quant import kernels
 
     assert kernels.work_split(3136, 64, 256, 2)[1] == 1  # 1046 vs 1048 tiles: rows
     assert kernels.work_split(49, 512, 512, 2)[1] == 2  # 7 x 7: 5 + 4 row blocks: columns
+    assert kernels.work_split(196, 4608, 512, 2)[1] == 2  # 132 vs 144 tiles: columns
