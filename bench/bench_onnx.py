@@ -6,13 +6,15 @@ float (legacy exporter) and quantize_static int8 (QOperator and QDQ, per channel
     python bench/bench_onnx.py --models resnet50 --batches 1 --kinds float --rounds 3
     python bench/bench_onnx.py --memory              # peak RSS over batch-8 ResNet-50 runs
 
-Times are medians of interleaved rounds (one call of each runtime per round, after a
-warm-up call); the ratio is ONNX Runtime's time over convengine's (> 1: convengine is
-faster). Each timed call starts ``--settle`` seconds (default 0.2) after the previous
-one: ONNX Runtime's worker threads spin for some 30 ms after each of its runs (measured
-here: 30 ms of CPU within 100 ms of a MobileNetV2 run), and a call made meanwhile
-shares a core with them (convengine's MobileNetV2 batch 1: 40 ms right after an ONNX
-Runtime call, 6.6 ms 50 ms later). ``--settle 0`` measures back to back. The "host
+Each runtime serves its session in a process of its own (as a user runs one of
+them), fed commands over a pipe; times are medians of interleaved rounds (one call of
+each runtime per round, after a warm-up call); the ratio is ONNX Runtime's time over
+convengine's (> 1: convengine is faster). In one process ONNX Runtime's worker
+threads, which spin after each of its runs, stalled convengine's next parallel
+steps by 4-6 ms each (MobileNetV2 batch 1: 13.4 ms against 4.5 with their spinning
+off). Each timed call starts ``--settle`` seconds (default 0.2) after the previous
+one, so that neither runtime's spinning threads share the cores with the other's
+call; ``--settle 0`` measures back to back. The "host
 busy" column is the share of the host's CPU time that other processes used during
 the timed rounds: figures taken while it is high are not comparable; ``--max-busy``
 drops (and replaces, up to ``--patience`` times the rounds) rounds above a share, and
@@ -63,24 +65,60 @@ def _model_bytes(name: str, kind: str, batch: int) -> bytes:
             return f.read()
 
 
-def _sessions(data: bytes, threads: int):
-    import onnxruntime as ort
+def _serve_child(runtime: str, path: str, batch: int, threads: int, out: str) -> None:
+    """In a child process: build ``runtime``'s session of the model at ``path``, save
+    its output for the seeded input to ``out`` (.npy), say "ready", then answer each
+    line on stdin with the seconds one call took."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if runtime == "convengine":
+        import convengine.onnx as ceo
 
-    import convengine.onnx as ceo
+        session = ceo.Session(data, threads=threads)
+    else:
+        import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 3  # errors only: not the unused-initializer warnings
-    theirs = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-    ours = ceo.Session(data, threads=threads)
-    return ours, theirs
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.log_severity_level = 3  # errors only: not the unused-initializer warnings
+        session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    feed = {"input": np.random.default_rng(0).standard_normal(
+        (batch, 3, 224, 224)).astype(np.float32)}
+    np.save(out, session.run(None, feed)[0])
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        start = time.perf_counter()
+        session.run(None, feed)
+        print(time.perf_counter() - start, flush=True)
 
 
-def _time(settle: float, fn, *args) -> float:
-    time.sleep(settle)
-    start = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - start
+class _Child:
+    """A runtime's session in a child process (:func:`_serve_child`)."""
+
+    def __init__(self, runtime: str, path: str, batch: int, threads: int, out: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve-child", runtime, path, str(batch),
+             str(threads), out], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the {runtime} child failed (exit {self.proc.wait()})")
+
+    def call(self) -> float:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def ticks(self) -> int:
+        """The child's CPU time so far, in clock ticks (/proc/<pid>/stat)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def _cpu_ticks() -> tuple[int, int]:
@@ -96,13 +134,18 @@ def _own_ticks() -> float:
     return (t.user + t.system) * os.sysconf("SC_CLK_TCK")
 
 
-def _round(settle: float, ours, theirs, feed) -> tuple[float, float, float]:
+def _round(settle: float, ours: _Child, theirs: _Child) -> tuple[float, float, float]:
     """One call of each runtime: (convengine s, ONNX Runtime s, the share of the
     host's CPU time other processes took meanwhile)."""
-    busy0, total0, own0 = *_cpu_ticks(), _own_ticks()
-    mine = _time(settle, ours.run, None, feed)
-    theirs_s = _time(settle, theirs.run, None, feed)
-    busy1, total1, own1 = *_cpu_ticks(), _own_ticks()
+    def own() -> float:
+        return _own_ticks() + ours.ticks() + theirs.ticks()
+
+    busy0, total0, own0 = *_cpu_ticks(), own()
+    time.sleep(settle)
+    mine = ours.call()
+    time.sleep(settle)
+    theirs_s = theirs.call()
+    busy1, total1, own1 = *_cpu_ticks(), own()
     others = max(0.0, (busy1 - busy0) - (own1 - own0)) / max(1, total1 - total0)
     return mine, theirs_s, others
 
@@ -111,19 +154,25 @@ def bench(name: str, kind: str, batch: int, rounds: int, threads: int, settle: f
           max_busy: float, patience: int) -> dict:
     """Rounds whose host-busy share exceeds ``max_busy`` are dropped and replaced, up
     to ``patience * rounds`` attempts (both runtimes' calls of a round go together)."""
-    data = _model_bytes(name, kind, batch)
-    ours, theirs = _sessions(data, threads)
-    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype(np.float32)
-    feed = {"input": x}
-    (expected,) = theirs.run(None, feed)
-    (got,) = ours.run(None, feed)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        with open(path, "wb") as f:
+            f.write(_model_bytes(name, kind, batch))
+        outs = [os.path.join(tmp, f"{r}.npy") for r in ("convengine", "onnxruntime")]
+        ours = _Child("convengine", path, batch, threads, outs[0])
+        theirs = _Child("onnxruntime", path, batch, threads, outs[1])
+        got, expected = np.load(outs[0]), np.load(outs[1])
     err = float(np.abs(got - expected).max() / np.abs(expected).max())
     kept, tried = [], 0
-    while len(kept) < rounds and tried < patience * rounds:
-        tried += 1
-        r = _round(settle, ours, theirs, feed)
-        if r[2] <= max_busy:
-            kept.append(r)
+    try:
+        while len(kept) < rounds and tried < patience * rounds:
+            tried += 1
+            r = _round(settle, ours, theirs)
+            if r[2] <= max_busy:
+                kept.append(r)
+    finally:
+        ours.close()
+        theirs.close()
     used = kept or [r]
     mine = float(np.median([r[0] for r in used]))
     ort_ = float(np.median([r[1] for r in used]))
@@ -187,7 +236,13 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--peak-child", choices=["convengine", "onnxruntime"])
     parser.add_argument("--export-child", nargs=4, metavar=("MODEL", "KIND", "BATCH", "PATH"))
+    parser.add_argument("--serve-child", nargs=5,
+                        metavar=("RUNTIME", "PATH", "BATCH", "THREADS", "OUT"))
     args = parser.parse_args()
+    if args.serve_child:
+        runtime, path, batch, threads, out = args.serve_child
+        _serve_child(runtime, path, int(batch), int(threads), out)
+        return
     if args.export_child:
         name, kind, batch, path = args.export_child
         _export_child(name, kind, int(batch), path)
