@@ -152,3 +152,5 @@ def test_epilogue_keeps_nan_and_checks_its_operands():
         prepared(x, activation="gelu")
     with pytest.raises(ValueError, match="bias must have shape"):
         PreparedConv(w, bias=np.zeros(16, np.float32))
+    with pytest.raises(ValueError, match="need a float32 conv; this one computes in float64"):
+        PreparedConv(w.astype(np.float64), bias=np.zeros(24))(x.astype(np.float64))

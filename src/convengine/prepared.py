@@ -38,13 +38,13 @@ class PreparedConv:
     bias [+ residual])`` with constant w ``(O, *K, C/g)``, bias ``(O,)`` or None,
     activation one of :data:`convengine.fused_epilogue.ACTIVATIONS`, residual of y's
     shape, float32, C-contiguous, and the keyword arguments of :func:`convengine.conv`
-    (stride, padding, dilation, groups), channels-last."""
+    (stride, padding, dilation, groups), channels-last. The epilogue computes in
+    float32: a conv in another dtype takes no bias, residual or activation (a
+    ValueError says so)."""
 
     def __init__(self, w: np.ndarray, *, bias: np.ndarray | None = None,
                  activation: str = "none", **args: Any) -> None:
-        if activation not in fused_epilogue.ACTIVATIONS:
-            raise ValueError(f"activation must be one of {fused_epilogue.ACTIVATIONS}, "
-                             f"got {activation!r}")
+        _check_activation(activation)
         if bias is not None and np.shape(bias) != (w.shape[0],):
             raise ValueError(f"bias must have shape ({w.shape[0]},), got {np.shape(bias)}")
         self._w: np.ndarray | None = np.ascontiguousarray(w)
@@ -66,9 +66,7 @@ class PreparedConv:
     def __call__(self, x: np.ndarray, residual: np.ndarray | None = None,
                  activation: str | None = None) -> np.ndarray:
         act = self.activation if activation is None else activation
-        if act not in fused_epilogue.ACTIVATIONS:
-            raise ValueError(f"activation must be one of {fused_epilogue.ACTIVATIONS}, "
-                             f"got {act!r}")
+        _check_activation(act)
         if residual is not None and (residual.dtype != np.float32
                                      or not residual.flags.c_contiguous):
             raise ValueError(f"residual must be C-contiguous float32, got {residual.dtype}"
@@ -90,6 +88,10 @@ class PreparedConv:
         y itself)."""
         if self.bias is None and residual is None and activation == "none":
             return y
+        if y.dtype != np.float32:
+            raise ValueError(f"bias, residual and activation need a float32 conv; this one "
+                             f"computes in {y.dtype} (w {self.w_shape}): pass "
+                             f"bias=None, activation='none' and no residual")
         _check_residual(residual, y.shape)
         y = np.ascontiguousarray(y)  # the pass works in place
         bias = np.zeros(y.shape[-1], np.float32) if self.bias is None else self.bias
@@ -179,6 +181,12 @@ class PreparedConv:
         if packed is None:
             packed = self._packed[kind] = make()
         return packed
+
+
+def _check_activation(activation: str) -> None:
+    if activation not in fused_epilogue.ACTIVATIONS:
+        raise ValueError(f"activation must be one of {fused_epilogue.ACTIVATIONS}, "
+                         f"got {activation!r}")
 
 
 def _check_residual(residual: np.ndarray | None, y_shape: tuple[int, ...]) -> None:

@@ -95,13 +95,14 @@ class ConvStep:
             return apply_steps(y, self.steps, extra)
         if self.residual is None:
             y = self.conv(xl)
-            return apply_steps(to_first(y), self.rest, extra) if self.rest else to_first(y)
-        r = to_last(np.asarray(extra[self.residual]))
-        if r.shape == self.conv.out_shape(xl) and r.dtype == np.float32:
+        else:
+            r = to_last(np.asarray(extra[self.residual]))
+            if r.shape != self.conv.out_shape(xl) or r.dtype != np.float32:
+                # a broadcasting residual: the bias fused, the rest in numpy
+                y = to_first(self.conv(xl, activation="none"))
+                return apply_steps(y, self.steps, extra)
             y = self.conv(xl, np.ascontiguousarray(r))
-            return apply_steps(to_first(y), self.rest, extra) if self.rest else to_first(y)
-        # a broadcasting residual: the bias fused, the rest in numpy
-        return apply_steps(to_first(self.conv(xl, activation="none")), self.steps, extra)
+        return apply_steps(to_first(y), self.rest, extra) if self.rest else to_first(y)
 
 
 class GemmStep:
