@@ -154,3 +154,11 @@ def test_epilogue_keeps_nan_and_checks_its_operands():
         PreparedConv(w, bias=np.zeros(16, np.float32))
     with pytest.raises(ValueError, match="need a float32 conv; this one computes in float64"):
         PreparedConv(w.astype(np.float64), bias=np.zeros(24))(x.astype(np.float64))
+
+
+def test_unknown_conv_arguments_are_named_at_construction():
+    w = np.ones((16, 1, 1, 16), np.float32)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['layout'\]"):
+        PreparedConv(w, layout="NHWC")
+    with pytest.raises(TypeError, match=r"\['strides'\]"):
+        PreparedConv(w, strides=2)

@@ -30,6 +30,7 @@ from .algorithms import blocked, depthwise, winograd
 from .algorithms._finite import nonfinite
 from .threads import get_num_threads
 
+CONV_ARGS = frozenset({"stride", "padding", "dilation", "groups"})
 Kernel = Callable[[np.ndarray, "np.ndarray | None", str], np.ndarray]
 
 
@@ -45,6 +46,11 @@ class PreparedConv:
     def __init__(self, w: np.ndarray, *, bias: np.ndarray | None = None,
                  activation: str = "none", **args: Any) -> None:
         _check_activation(activation)
+        unknown = sorted(set(args) - CONV_ARGS)
+        if unknown:
+            raise TypeError(f"PreparedConv got unexpected keyword argument(s) {unknown}; "
+                            f"expected some of {sorted(CONV_ARGS)} (x is always "
+                            f"channels-last: no layout)")
         if bias is not None and np.shape(bias) != (w.shape[0],):
             raise ValueError(f"bias must have shape ({w.shape[0]},), got {np.shape(bias)}")
         self._w: np.ndarray | None = np.ascontiguousarray(w)
