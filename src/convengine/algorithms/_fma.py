@@ -119,6 +119,17 @@ def vector_ops(context, builder: ir.IRBuilder, dtype) -> VectorOps:
     return VectorOps(vec, mask_t, ir.Constant(ir.IntType(32), size), load, store, fma)
 
 
+def prefetch(builder: ir.IRBuilder, ptr: ir.Value, write: bool) -> None:
+    """Emit a prefetch of the cache line at ``ptr`` into all cache levels (for a
+    write: ``prefetchw``, the line fetched for ownership)."""
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+        "llvm.prefetch.p0")
+    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, int(write)),
+                      ir.Constant(i32, 3), ir.Constant(i32, 1)])
+
+
 @intrinsic
 def gemm_6xnr(typingctx, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add):
     intp_t = types.intp

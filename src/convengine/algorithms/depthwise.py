@@ -43,7 +43,7 @@ from .. import memory
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..threads import get_num_threads
-from ._fma import VECTOR_BYTES, vector_ops  # one zmm: 16 float32 or 8 float64
+from ._fma import VECTOR_BYTES, prefetch, vector_ops  # one zmm: 16 float32 or 8 float64
 
 # numba's compiler has a ``noalias`` flag (LLVM ``noalias`` on every array argument)
 # but no public njit option for it; map one, so that kernels whose arrays never
@@ -167,16 +167,11 @@ def _block_intrinsic(  # noqa: PLR0913
                 return builder.select(high, six, acc)
         # software prefetch ahead along the rows: the tap rows new to this output row
         # (the last ``sw``) and y; see PREFETCH_X_BYTES
-        prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-            ir.VoidType(), [ir.IntType(8).as_pointer()] + [ir.IntType(32)] * 3),
-            "llvm.prefetch.p0")
         x_ahead = ir.Constant(it, PREFETCH_X_BYTES // (VECTOR_BYTES // lanes))
         y_ahead = ir.Constant(it, PREFETCH_Y_BYTES // (VECTOR_BYTES // lanes))
 
         def fetch(base, offset, v, write):
-            ptr = builder.bitcast(at(base, offset, v), ir.IntType(8).as_pointer())
-            builder.call(prefetch, [ptr] + [ir.Constant(ir.IntType(32), k)
-                                            for k in (int(write), 3, 1)])
+            prefetch(builder, at(base, offset, v), write)
 
         for v in range(NVEC):
             for b in range(width * sw):
