@@ -84,3 +84,30 @@ def test_channels_last_max_pool_matches_onnx_reference(attrs, dtype):
         x[0, 1, 2, 3] = x[1, 0, 0, 0] = np.nan
         x_last = to_first(np.ascontiguousarray(np.moveaxis(x, 1, -1)))
         np.testing.assert_array_equal(ceo.run_node(node, [x_last])[0], ceo.run_node(node, [x])[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_global_average_pool_matches_the_reference(layout, dtype):
+    x = RNG.standard_normal((2, 37, 7, 7)).astype(dtype)
+    if layout == "channels_last":  # the session's activations: the compiled pass
+        x = to_first(np.ascontiguousarray(np.moveaxis(x, 1, -1)))
+    (y,) = ceo.run_node(helper.make_node("GlobalAveragePool", ["x"], ["y"]), [x])
+    expected = x.astype(np.float64).mean(axis=(2, 3), keepdims=True)
+    assert y.dtype == dtype and y.shape == (2, 37, 1, 1)
+    np.testing.assert_allclose(y, expected, rtol=2e-7 if dtype == np.float32 else 1e-15,
+                               atol=1e-7 if dtype == np.float32 else 1e-16)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_qlinear_global_average_pool_integer_sums(layout):
+    x = RNG.integers(0, 256, (2, 1280, 7, 7)).astype(np.uint8)
+    if layout == "channels_last":
+        x = to_first(np.ascontiguousarray(np.moveaxis(x, 1, -1)))
+    params = [np.float32(0.05), np.array(7, np.uint8), np.float32(0.03), np.array(120, np.uint8)]
+    (y,) = ceo.run_node(helper.make_node("QLinearGlobalAveragePool", ["x", "xs", "xz", "ys", "yz"],
+                                         ["y"], domain="com.microsoft"), [x, *params])
+    total = x.astype(np.int64).sum(axis=(2, 3), keepdims=True) - 49 * 7
+    mult = np.float32(0.05) / (np.float32(0.03) * np.float32(49))
+    expected = qops.saturate(total.astype(np.float32) * mult, np.uint8, np.float32(120))
+    np.testing.assert_array_equal(y, expected)

@@ -367,6 +367,20 @@ def _global_pool(name: str, reduce: Callable[..., Array]) -> Op:
     return op
 
 
+def _global_average_pool(inputs: Sequence[Array | None], attrs: Mapping[str, Any]
+                         ) -> list[Array]:
+    """GlobalAveragePool: channels-last float memory summed in one compiled pass (in
+    float64, then divided and rounded once), else numpy's mean."""
+    (x,) = operands(inputs, "GlobalAveragePool", 1, 1)
+    xl = to_last(x)
+    if x.ndim < 3 or not xl.flags.c_contiguous or x.dtype not in (np.float32, np.float64):
+        return _global_pool("GlobalAveragePool", np.mean)(inputs, attrs)
+    count = int(np.prod(x.shape[2:]))
+    sums = kernels.channel_sums(xl.reshape(x.shape[0], count, x.shape[1]))
+    y = (sums / count).astype(x.dtype)
+    return [y.reshape(*y.shape, *(1,) * (x.ndim - 2))]
+
+
 def _axes(attrs: Mapping[str, Any], given: Array | None) -> list[int] | None:
     axes = attrs.get("axes") if given is None else given
     return None if axes is None else [int(a) for a in np.ravel(axes)]
@@ -641,7 +655,7 @@ OPS: dict[str, Op] = {
     "Gemm": _gemm,
     "MaxPool": _max_pool,
     "AveragePool": _average_pool,
-    "GlobalAveragePool": _global_pool("GlobalAveragePool", np.mean),
+    "GlobalAveragePool": _global_average_pool,
     "GlobalMaxPool": _global_pool("GlobalMaxPool", np.max),
     "ReduceMean": _reduce_mean,
     "Softmax": _softmax,

@@ -194,7 +194,11 @@ def _qlinear_global_average_pool(inputs: Sequence[Array | None], attrs: Mapping[
     xl = x if last else to_last(x)
     spatial = tuple(range(1, x.ndim - 1))
     count = int(np.prod([xl.shape[i] for i in spatial]))
-    total = xl.sum(axis=spatial, dtype=np.int64) - count * np.int64(x_zp)
+    if xl.flags.c_contiguous:
+        sums = kernels.channel_sums(xl.reshape(xl.shape[0], count, xl.shape[-1]))
+    else:
+        sums = xl.sum(axis=spatial, dtype=np.int64)
+    total = sums - count * np.int64(x_zp)
     mult = np.float32(x_s) / (np.float32(y_s) * np.float32(count))
     y = saturate(total.astype(np.float32) * mult, y_zp.dtype, np.float32(y_zp))
     y = y.reshape(y.shape[0], *(1,) * len(spatial), y.shape[-1])
