@@ -28,12 +28,22 @@ from ..quant.kernels import qadd_value
 @njit(parallel=True, nogil=True, cache=True)
 def _quantize_last(x, scale, zp, lo, hi, y):  # pragma: no cover - compiled
     n_, c_, h_, w_ = x.shape
+    one, magic = np.float32(1), np.float32(12582912.0)
+    yf = y.reshape(-1)
+    cu, wu = np.uintp(c_), np.uintp(w_)  # unsigned indices: no wraparound tests
     for t in prange(n_ * h_):
         n, h = t // h_, t % h_
+        row = np.empty(c_ * w_, y.dtype)  # one image row, quantized along memory
         for c in range(c_):
             for w in range(w_):
-                v = np.rint(x[n, c, h, w] / scale) + zp
-                y[n, h, w, c] = min(max(v, lo), hi)
+                # clamped first (NaN to lo), then rounded to nearest even by adding and
+                # subtracting 1.5 * 2**23 (exact below 2**22): no libm call, it vectorizes
+                v = min(max(x[n, c, h, w] / scale, lo - zp - one), hi - zp + one)
+                row[np.uintp(c) * wu + np.uintp(w)] = min(max((v + magic) - magic + zp, lo), hi)
+        base = np.uintp(t) * wu * cu  # then interleaved into channels-last
+        for c in range(c_):
+            for w in range(w_):
+                yf[base + np.uintp(w) * cu + np.uintp(c)] = row[np.uintp(c) * wu + np.uintp(w)]
 
 
 def quantize_last(x: np.ndarray, scale: np.float32, zp: int, dtype: np.dtype) -> np.ndarray:
