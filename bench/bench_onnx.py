@@ -14,7 +14,10 @@ threads, which spin after each of its runs, stalled convengine's next parallel
 steps by 4-6 ms each (MobileNetV2 batch 1: 13.4 ms against 4.5 with their spinning
 off). Each timed call starts ``--settle`` seconds (default 0.2) after the previous
 one, so that neither runtime's spinning threads share the cores with the other's
-call; ``--settle 0`` measures back to back. The "host
+call; ``--settle 0`` measures back to back. ``--burst N`` makes each timed turn N
+calls back to back after the settle, timed by their median: the steady state of a
+busy server, where ``--burst 1`` (the default) is a call after an idle spell, which
+a GNU OpenMP pool pays in its first parallel region (docs/interop.md). The "host
 busy" column is the share of the host's CPU time that other processes used during
 the timed rounds: figures taken while it is high are not comparable; ``--max-busy``
 drops (and replaces, up to ``--patience`` times the rounds) rounds above a share, and
@@ -68,7 +71,7 @@ def _model_bytes(name: str, kind: str, batch: int) -> bytes:
 def _serve_child(runtime: str, path: str, batch: int, threads: int, out: str) -> None:
     """In a child process: build ``runtime``'s session of the model at ``path``, save
     its output for the seeded input to ``out`` (.npy), say "ready", then answer each
-    line on stdin with the seconds one call took."""
+    line ``run N`` on stdin with the median seconds of N calls back to back."""
     with open(path, "rb") as f:
         data = f.read()
     if runtime == "convengine":
@@ -86,10 +89,13 @@ def _serve_child(runtime: str, path: str, batch: int, threads: int, out: str) ->
         (batch, 3, 224, 224)).astype(np.float32)}
     np.save(out, session.run(None, feed)[0])
     print("ready", flush=True)
-    for _ in sys.stdin:
-        start = time.perf_counter()
-        session.run(None, feed)
-        print(time.perf_counter() - start, flush=True)
+    for line in sys.stdin:  # "run N": N calls back to back, their median
+        times = []
+        for _ in range(int(line.split()[1])):
+            start = time.perf_counter()
+            session.run(None, feed)
+            times.append(time.perf_counter() - start)
+        print(float(np.median(times)), flush=True)
 
 
 class _Child:
@@ -103,9 +109,9 @@ class _Child:
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the {runtime} child failed (exit {self.proc.wait()})")
 
-    def call(self) -> float:
+    def call(self, burst: int) -> float:
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write("run\n")
+        self.proc.stdin.write(f"run {burst}\n")
         self.proc.stdin.flush()
         return float(self.proc.stdout.readline())
 
@@ -134,24 +140,25 @@ def _own_ticks() -> float:
     return (t.user + t.system) * os.sysconf("SC_CLK_TCK")
 
 
-def _round(settle: float, ours: _Child, theirs: _Child) -> tuple[float, float, float]:
-    """One call of each runtime: (convengine s, ONNX Runtime s, the share of the
-    host's CPU time other processes took meanwhile)."""
+def _round(settle: float, burst: int, ours: _Child, theirs: _Child
+           ) -> tuple[float, float, float]:
+    """One burst of each runtime: (convengine s, ONNX Runtime s: each its burst's
+    median, the share of the host's CPU time other processes took meanwhile)."""
     def own() -> float:
         return _own_ticks() + ours.ticks() + theirs.ticks()
 
     busy0, total0, own0 = *_cpu_ticks(), own()
     time.sleep(settle)
-    mine = ours.call()
+    mine = ours.call(burst)
     time.sleep(settle)
-    theirs_s = theirs.call()
+    theirs_s = theirs.call(burst)
     busy1, total1, own1 = *_cpu_ticks(), own()
     others = max(0.0, (busy1 - busy0) - (own1 - own0)) / max(1, total1 - total0)
     return mine, theirs_s, others
 
 
 def bench(name: str, kind: str, batch: int, rounds: int, threads: int, settle: float,
-          max_busy: float, patience: int) -> dict:
+          max_busy: float, patience: int, burst: int = 1) -> dict:
     """Rounds whose host-busy share exceeds ``max_busy`` are dropped and replaced, up
     to ``patience * rounds`` attempts (both runtimes' calls of a round go together)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,7 +174,7 @@ def bench(name: str, kind: str, batch: int, rounds: int, threads: int, settle: f
     try:
         while len(kept) < rounds and tried < patience * rounds:
             tried += 1
-            r = _round(settle, ours, theirs)
+            r = _round(settle, burst, ours, theirs)
             if r[2] <= max_busy:
                 kept.append(r)
     finally:
@@ -228,6 +235,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--settle", type=float, default=0.2,
                         help="seconds of idle before each timed call (0: back to back)")
+    parser.add_argument("--burst", type=int, default=1,
+                        help="calls back to back after each settle, timed by their median "
+                             "(1: a call after an idle host, as a server between requests; "
+                             "more: the steady state of a busy one)")
     parser.add_argument("--max-busy", type=float, default=1.0,
                         help="drop rounds in which other processes took more than this share "
                              "of the host's CPU time (1.0: keep every round)")
@@ -255,7 +266,8 @@ def main() -> None:
         return
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.processor() or ''}"
           f"{os.cpu_count()} CPUs visible, {args.threads} threads, {args.rounds} rounds, "
-          f"{args.settle} s settle, rounds with host busy <= {args.max_busy:.0%}")
+          f"{args.settle} s settle, {args.burst} call(s) per burst (median), rounds with "
+          f"host busy <= {args.max_busy:.0%}")
     print("| model | kind | batch | convengine ms | ONNX Runtime ms | ORT / convengine | "
           "max err / max | host busy | rounds kept |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -263,7 +275,7 @@ def main() -> None:
         for kind in args.kinds.split(","):
             for batch in (int(b) for b in args.batches.split(",")):
                 r = bench(name, kind, batch, args.rounds, args.threads, args.settle,
-                          args.max_busy, args.patience)
+                          args.max_busy, args.patience, args.burst)
                 print(f"| {r['model']} | {r['kind']} | {r['batch']} | {r['convengine_ms']:.1f} | "
                       f"{r['onnxruntime_ms']:.1f} | {r['speedup']:.2f} | {r['max_err']:.1e} | "
                       f"{r['host_busy']:.0%} | {r['rounds']} |", flush=True)
