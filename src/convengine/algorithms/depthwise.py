@@ -21,7 +21,7 @@ threads), or all on the calling thread below SERIAL_MACS multiply-adds.
 
 y starts on a 64-byte cache line (outputs of 32 MiB and more in a buffer numpy
 allocates, with huge pages); outputs of STREAMING_BYTES or more at width stride
-1 whose channels fill whole vectors are written with non-temporal stores (no read of
+1 whose channels fill whole register blocks are written with non-temporal stores (no read of
 each line before it is written, no eviction of x from the caches), through kernels
 generated for that too.
 """
@@ -63,9 +63,15 @@ MAX_TAPS = 9
 # also followed by a 1x1 conv reading y back; mixed (0.92-1.19x) on the 1.5-4.6 MiB
 # ones, which the caches hold for the next reader; 0.8-0.95x on the 9 MiB output of the
 # stride-2 layer, which reads four times as much x as it writes.
+# Only where every register block's channels are whole (C a multiple of NVEC vectors):
+# with the software prefetch below, batch-8 56x56x144 (9 vectors, its last block
+# half masked and stored through the cache) took 1.72-1.78 ms streamed and 1.14-1.23
+# not, while 112x112x32 took 0.67-0.90 streamed and 0.97-1.14 not (2 threads).
 STREAMING_BYTES = 8 << 20
 # Each register block prefetches the x lines this far ahead along the tap rows new to
-# its output row, and the y lines this far ahead: once x and y outgrow L2, the hardware
+# its output row, and the y lines this far ahead (not with non-temporal stores, which
+# bypass the cache: batch-8 112x112x32 1.0-1.1 ms with, 0.7-0.8 without): once x and y
+# outgrow L2, the hardware
 # prefetchers alone left the kernel waiting on memory. Measured single-threaded on an
 # input not in cache (as in a network), 56x56x144 stride 1: 0.42 -> 0.13 ms (PyTorch:
 # 0.24); 112x112x32: 0.33 -> 0.11; 28x28x192: 0.10 -> 0.04; stride 2 gains less
@@ -179,7 +185,7 @@ def _block_intrinsic(  # noqa: PLR0913
                     col = builder.mul(ir.Constant(it, b), cs_v)
                     fetch(a_ptr, builder.add(builder.add(row_offsets[i], col), x_ahead), v,
                           False)
-            for b in range(width):
+            for b in range(0 if streaming else width):  # non-temporal y: not cached
                 col = builder.mul(ir.Constant(it, b), c_v)
                 fetch(y_ptr, builder.add(builder.add(yo_v, col), y_ahead), v, True)
         for v in range(NVEC):
@@ -525,7 +531,7 @@ def _plan(problem: ConvProblem, x_size: tuple[int, ...], y_size: tuple[int, ...]
     y4 = (n, *_as2d(y_size, 1), c)
     itemsize = problem.compute_dtype.itemsize
     streaming = (math.prod(y4) * itemsize >= STREAMING_BYTES and sw == 1
-                 and c * itemsize % VECTOR_BYTES == 0)
+                 and c * itemsize % (NVEC * VECTOR_BYTES) == 0)
     parallel, serial = depthwise2d_kernel(kh_, kw_, sw, dh, dw, streaming)
     threads = get_num_threads()
     alone = threads == 1 or math.prod(y4) * kh_ * kw_ < SERIAL_MACS
