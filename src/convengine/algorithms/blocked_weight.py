@@ -40,16 +40,12 @@ from ..problem import ConvProblem
 from ..registry import register
 from ..threads import get_num_threads
 from ._common import too_large
-from ._fma import prefetch, row_pointers, splat, store_rows
+from ._fma import row_pointers, splat, store_rows
 from .blocked import _as2d, dense_float32_2d, padded_input
 
 MR = 6  # output channels per register block
 VEC = 16  # float32 lanes of a zmm register
 CHUNK_BYTES = 384 * 2**10  # x and dy bytes per chunk of pixels (a core's L2 holds it)
-# The micro-kernel walks pixels a whole pixel apart (C or O values), which the hardware
-# prefetchers did not follow from memory: it prefetches both operands this many pixels
-# ahead
-PREFETCH_PIXELS = 16
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, VEC)
 
@@ -79,7 +75,6 @@ def _make_ukernel(nvec: int) -> Any:
             fma = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]), "llvm.fma.v16f32")
             one = ir.Constant(intp, 1)
-            pf = ir.Constant(intp, PREFETCH_PIXELS)
             rows = row_pointers(builder, builder.gep(d_arr.data, [d_off]), MR, mr, one)
             x_base = builder.gep(x_arr.data, [x_off])
             accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VF, None))
@@ -93,12 +88,6 @@ def _make_ukernel(nvec: int) -> Any:
                     with cgutils.for_range(builder, nw) as w_loop:
                         d_at = builder.add(d_nh, builder.mul(w_loop.index, dw))
                         x_at = builder.gep(x_base, [builder.add(x_nh, builder.mul(w_loop.index, xw))])
-                        ahead_x = builder.gep(x_at, [builder.mul(pf, xw)])
-                        for j in range(nvec):
-                            prefetch(builder, builder.gep(ahead_x, [ir.Constant(intp, VEC * j)]),
-                                     False)
-                        prefetch(builder, builder.gep(rows[0], [builder.add(
-                            d_at, builder.mul(pf, dw))]), False)
                         xv = [builder.load(builder.bitcast(
                             builder.gep(x_at, [ir.Constant(intp, VEC * j)]), _VF.as_pointer()),
                             align=4) for j in range(nvec)]
