@@ -71,8 +71,8 @@ STREAMING_BYTES = 8 << 20
 # Each register block prefetches the x lines this far ahead along the tap rows new to
 # its output row, and the y lines this far ahead (not with non-temporal stores, which
 # bypass the cache: batch-8 112x112x32 1.0-1.1 ms with, 0.7-0.8 without): once x and y
-# outgrow L2, the hardware
-# prefetchers alone left the kernel waiting on memory. Measured single-threaded on an
+# outgrow L2, the hardware prefetchers alone left the kernel waiting on memory.
+# Measured single-threaded on an
 # input not in cache (as in a network), 56x56x144 stride 1: 0.42 -> 0.13 ms (PyTorch:
 # 0.24); 112x112x32: 0.33 -> 0.11; 28x28x192: 0.10 -> 0.04; stride 2 gains less
 # (112x112x96: 0.39 -> 0.30-0.36), its input is four times its output.

@@ -367,6 +367,9 @@ def _global_pool(name: str, reduce: Callable[..., Array]) -> Op:
     return op
 
 
+_mean_pool = _global_pool("GlobalAveragePool", np.mean)
+
+
 def _global_average_pool(inputs: Sequence[Array | None], attrs: Mapping[str, Any]
                          ) -> list[Array]:
     """GlobalAveragePool: channels-last float memory summed in one compiled pass (in
@@ -374,7 +377,7 @@ def _global_average_pool(inputs: Sequence[Array | None], attrs: Mapping[str, Any
     (x,) = operands(inputs, "GlobalAveragePool", 1, 1)
     xl = to_last(x)
     if x.ndim < 3 or not xl.flags.c_contiguous or x.dtype not in (np.float32, np.float64):
-        return _global_pool("GlobalAveragePool", np.mean)(inputs, attrs)
+        return _mean_pool(inputs, attrs)
     count = int(np.prod(x.shape[2:]))
     sums = kernels.channel_sums(xl.reshape(x.shape[0], count, x.shape[1]))
     y = (sums / count).astype(x.dtype)
