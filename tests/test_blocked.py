@@ -80,9 +80,12 @@ def test_stems_choose_blocked():
 
 
 # backward-data through the stride-1 transpose rule: dy's channels are the forward
-# conv's input channels, so C (here the last dim of x) must be a multiple of 16
+# conv's input channels, so C (here the last dim of x) must be a multiple of VEC; 128
+# channels make two or more panels whatever the vector width (each panel's channels
+# found at its own offset when the weights are read in place)
 BWD_DATA_CASES = [
     ("3x3-pad1", (2, 9, 11, 32), (48, 3, 3, 32), dict(padding=1)),
+    ("c128-several-panels", (1, 5, 6, 128), (16, 3, 3, 128), dict(padding=1)),
     ("c24-padded-panels", (2, 6, 7, 24), (32, 3, 3, 24), dict(padding=1)),
     ("1x1", (1, 7, 7, 64), (32, 1, 1, 64), {}),
     ("dilated-asym", (2, 10, 10, 16), (16, 3, 3, 16), dict(padding=(0, 2), dilation=2)),
@@ -143,7 +146,7 @@ def test_backward_data_refuses_strided_dilation_and_odd_channels():
     x_shape, w_shape = (1, 3, 9, 9), (16, 3, 3, 3)
     why = ce.explain(np.ones((1, 16, 5, 5), np.float32), np.ones(w_shape, np.float32),
                      x_shape, padding=1, stride=2, pass_="backward_data").refused["blocked"]
-    assert "multiple of 16" in why
+    assert f"multiple of {blocked.VEC}" in why
 
 
 def test_packed_weights_are_reused_and_never_stale():
@@ -218,9 +221,9 @@ def test_backward_weight_of_an_empty_batch_is_zero():
 
 
 def test_backward_weight_refuses_odd_input_channels_and_groups():
-    why = ce.explain(np.ones((1, 8, 6, 6), np.float32), np.ones((1, 24, 6, 6), np.float32),
-                     (24, 8, 3, 3), padding=1, pass_="backward_weight").refused["blocked"]
-    assert "input channels must be a multiple of 16" in why
+    why = ce.explain(np.ones((1, 4, 6, 6), np.float32), np.ones((1, 20, 6, 6), np.float32),
+                     (20, 4, 3, 3), padding=1, pass_="backward_weight").refused["blocked"]
+    assert f"input channels must be a multiple of {blocked.VEC}" in why
     dy = np.ones((1, 32, 6, 6), np.float32)
     why = ce.explain(np.ones((1, 3, 9, 9), np.float32), np.ones((1, 16, 9, 9), np.float32),
                      (16, 3, 3, 3), padding=(1, 2), dilation=(1, 2),

@@ -1,19 +1,21 @@
-"""512-bit vector kernels for the fused Winograd convolution (numba ``@intrinsic``).
+"""Vector kernels for the fused Winograd convolution (numba ``@intrinsic``), in the
+host's widest vectors (:mod:`convengine._host`: 512-bit with AVX-512, else 256-bit).
 
 A register-blocked GEMM micro-kernel:
 
 ``gemm_6xnr(a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add)`` sets, for rows
 ``r < mr`` (``mr <= 6``) and columns ``col < NR`` of the operands' dtype
-(``NR = 4 * lanes``: 64 float32 or 32 float64 columns):
+(``NR = NVEC * lanes``: 64 float32 or 32 float64 columns with AVX-512, 16 or 8 with
+AVX2):
 
     c[c_off + r * ldc + col] = (c[...] if add else 0)
                                + sum_{k < kc} a[a_off + r * lda + k] * b[b_off + k * NR + col]
 
 with ``b`` packed as ``kc`` rows of ``NR`` contiguous values. Rows ``r >= mr`` read
-row ``mr - 1`` and are not stored. The 6 x 4 accumulators are vector ``alloca``\\ s
-that LLVM keeps in zmm registers, updated by ``llvm.fma`` on ``<16 x float>`` (or
-``<8 x double>``): LLVM's default for this CPU would use 256-bit vectors; spelling
-the vectors out gets 512-bit ones. The sum over ``k`` runs in order, one rounding
+row ``mr - 1`` and are not stored. The 6 x NVEC accumulators are vector ``alloca``\\ s
+that LLVM keeps in registers, updated by ``llvm.fma`` on ``<16 x float>`` (or
+``<8 x double>``; half that with AVX2): LLVM's default for an AVX-512 CPU would use
+256-bit vectors; spelling the vectors out gets 512-bit ones. The sum over ``k`` runs in order, one rounding
 per fused multiply-add.
 
 And ``make_sandwich(left, right, check)``: the Winograd tile transforms
@@ -31,9 +33,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .._host import ACCUMULATORS, VECTOR_BYTES
+
 MR = 6  # rows (Winograd tiles) per register block
-NVEC = 4  # 512-bit vectors per row of the register block
-VECTOR_BYTES = 64
+NVEC = ACCUMULATORS // MR  # vectors per row of the register block (4 zmm, 2 ymm)
 
 
 def row_pointers(builder: ir.IRBuilder, base: ir.Value, count: int, mr: ir.Value,
@@ -87,7 +90,7 @@ def nr(itemsize: int) -> int:
 
 
 class VectorOps(NamedTuple):
-    """A dtype's 512-bit vector and lane-mask types, element alignment, and the masked
+    """A dtype's vector (:data:`VECTOR_BYTES`) and lane-mask types, element alignment, and the masked
     load ``load(ptr, align, mask, passthru)``, masked store ``store(v, ptr, align,
     mask)`` and ``fma(a, b, c)`` intrinsics declared in the module being built."""
 
@@ -100,7 +103,7 @@ class VectorOps(NamedTuple):
 
 
 def vector_ops(context, builder: ir.IRBuilder, dtype) -> VectorOps:
-    """VectorOps for numba ``dtype`` (float32: 16 lanes, float64: 8)."""
+    """VectorOps for numba ``dtype`` (float32: 16 lanes, float64: 8; half with AVX2)."""
     scalar = context.get_value_type(dtype)
     size = context.get_abi_sizeof(scalar)
     lanes = VECTOR_BYTES // size
@@ -239,7 +242,7 @@ def _matvec(builder: ir.IRBuilder, fma: ir.Function, mat: np.ndarray, values: li
 
 def make_sandwich(left, right, check: bool):
     """An intrinsic ``sandwich(src, s_off, s_rs, s_cs, dst, d_off, d_rs, d_cs, groups,
-    chk)`` computing, in 512-bit vectors, for each channel group ``g < groups``
+    chk)`` computing, in vectors, for each channel group ``g < groups``
     (``lanes`` channels at offset ``g * lanes``; 16 float32 or 8 float64):
 
         dst[d_off + i * d_rs + j * d_cs + ...] = (left @ S @ right^T)[i, j],
@@ -304,5 +307,5 @@ def make_sandwich(left, right, check: bool):
 
 
 def lanes(itemsize: int) -> int:
-    """Elements of ``itemsize`` bytes per 512-bit vector."""
+    """Elements of ``itemsize`` bytes per vector (:data:`VECTOR_BYTES`)."""
     return VECTOR_BYTES // itemsize

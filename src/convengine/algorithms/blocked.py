@@ -1,20 +1,20 @@
-"""``blocked``: direct convolution with a register-blocked AVX-512 micro-kernel (fp32).
+"""``blocked``: direct convolution with a register-blocked vector micro-kernel (fp32).
 
 The conv with the fewest moving parts that still runs near the FMA peak: x is
 zero-padded once (channels-last), the weights are packed as ``(O / NR, *K, C, NR)``,
-and a micro-kernel computes ``MR`` adjacent output pixels of one row times ``NR``
-output channels with every accumulator in a zmm register, walking the reduction
+and a micro-kernel computes adjacent output pixels of one row times ``NR``
+output channels with every accumulator in a vector register, walking the reduction
 (kernel rows x kernel columns x input channels) straight through the padded input:
 no column matrix, no transforms. It suits layers whose reduction is short or whose
 im2col GEMM is thin, above all the 3-channel stems (7x7 and 3x3 stride 2).
 
 Serves forward, float32, dense (groups 1), 1-D and 2-D (output channels that are not
-a multiple of 16 padded with zero weights, the padded lanes not stored); backward-data:
+a multiple of VEC padded with zero weights, the padded lanes not stored); backward-data:
 at stride 1 as the forward conv of dy with the flipped kernel (the stride-1 transpose
-rule), at larger strides (dilation 1, input channels a multiple of 16) as one such
+rule), at larger strides (dilation 1, input channels a multiple of VEC) as one such
 conv per phase of the stride (:mod:`.blocked_strided`). The micro-kernel
-spells out ``<16 x float>`` FMAs (``llvm.fma.v16f32``): LLVM's own choice for this CPU
-would be 256-bit vectors.
+spells out its vectors in the host's width (``VEC`` float32 lanes: 16 with AVX-512,
+``llvm.fma.v16f32``, where LLVM's own choice would be 256-bit vectors; 8 with AVX2).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from ..registry import register
 from ..threads import get_num_threads
 from . import blocked_strided
 from ._common import too_large
+from .._host import ACCUMULATORS, VECTOR_BYTES, VECTOR_REGISTERS
 from ._fma import prefetch, row_pointers, splat, store_rows, vector_ops
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_view
 from .weight_cache import WeightCache, is_transient
 
-MR = 6  # output pixels per micro-tile (a row segment)
 TASKS_PER_THREAD = 8  # parallel tasks per thread, at least (a balanced share)
 # packed weights of recent calls (matched bit-exactly on w): packing is a strided copy
 # of every weight, about as long as a batch-1 layer's kernel. Each entry holds the
@@ -48,7 +48,11 @@ TASKS_PER_THREAD = 8  # parallel tasks per thread, at least (a balanced share)
 # backward-data panels), and a network that does not fit cycles through the LRU
 # missing every call (measured: ResNet-50 b1 in network order 52 ms at 128 MiB)
 PACKED = WeightCache(512 * 2**20)
-VEC = 16  # float32 lanes of a zmm register
+VEC = VECTOR_BYTES // 4  # float32 lanes of a vector register
+# vectors per micro-tile whose panel loads and broadcast fit in the registers beside the
+# accumulators: 4-1 with AVX-512; 3-1 with AVX2, where 4 (3 pixels) spilled: 1x1 conv
+# 56x56 64 -> 64 single-threaded 0.75 ms against 0.44 at 2 vectors (EPYC Zen 3)
+NVECS = tuple(v for v in (4, 3, 2, 1) if ACCUMULATORS + v + 1 <= VECTOR_REGISTERS)
 # Each gathered micro-tile prefetches its pixels' input (the last tap row) and its
 # output this far ahead: a network's layer reads an input and writes an output no
 # cache holds yet, and the hardware prefetchers alone left the kernel waiting on memory
@@ -70,12 +74,12 @@ _VF = ir.VectorType(_F32, VEC)
 
 
 def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False) -> Any:
-    """Micro-kernel of ``mr_rows`` output pixels x ``16 * nvec`` output channels:
+    """Micro-kernel of ``mr_rows`` output pixels x ``VEC * nvec`` output channels:
 
     ``ukernel(x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys)`` sets, for
-    pixels ``r < mr`` and lanes ``j < 16 * nvec``,
+    pixels ``r < mr`` and lanes ``j < VEC * nvec``,
     ``y[y_off + r * ys + j] = sum_{a<kh, b<kw, k<c} x[x_off + r*ps + a*hs + b*ws + k]
-    * w[w_off + ((a * kw + b) * c + k) * 16 * nvec + j]``.
+    * w[w_off + ((a * kw + b) * c + k) * VEC * nvec + j]``.
     Pixels ``r >= mr`` recompute pixel ``mr - 1`` and are not stored.
 
     With ``gather`` the pixels' input offsets come from an array instead, the weights
@@ -83,7 +87,7 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False) -> Any:
     offsets, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr, y, y_off, ys, bias, b_off,
     res, has_res, act, valid)`` reads ``x[offsets[r] + a*hs + b*ws + k]`` (pixels of
     several output rows) times ``w[w_off + a*was + b*wbs + k*wks + j]`` (packed panels,
-    or the 16 * nvec contiguous channels of a weight read in place) and stores
+    or the VEC * nvec contiguous channels of a weight read in place) and stores
     lanes ``j < valid`` only, as ``act(sum + bias[b_off + j] [+ res[y_off + r*ys +
     j]])`` (the residual where ``has_res``; ``act`` 0: none, 1: ReLU, 2: ReLU6; NaN
     passes both), the order and roundings of :mod:`convengine.fused_epilogue`.
@@ -123,7 +127,7 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False) -> Any:
             with builder.if_then(short):
                 _prefetch_tile(builder, rows, y_data, arg, nvec)
         fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]), "llvm.fma.v16f32")
+            builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]), f"llvm.fma.v{VEC}f32")
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VF, None))
                  for _ in range(nvec)] for _ in range(mr_rows)]
         w0 = builder.gep(w_data, [arg["w_off"]])
@@ -244,12 +248,13 @@ def _store_epilogue(context, builder, accs, y0, arg, bias_data, res_data) -> Non
 
 @cache
 def _driver(nvec: int) -> Any:
-    """The compiled forward for ``NR = 16 * nvec`` output channels per micro-tile:
+    """The compiled forward for ``NR = VEC * nvec`` output channels per micro-tile
+    (``ACCUMULATORS / nvec`` pixels each):
     ``run(xp (N,Hp,Wp,C), h0, w0, wp (O/NR,KH,KW,C,NR), y, y0, yn, yh, yw, oh, ow,
     sh, sw, dh, dw)`` reads the input window of ``xp`` from row ``h0``, column ``w0``
     and writes output ``(n, i, j, o)`` at ``y[y0 + n*yn + i*yh + j*yw + o]`` of the
     flat ``y`` (a strided slice of a larger array, or a whole contiguous one)."""
-    mr = MR * 4 // nvec  # 24 accumulators whatever NR is
+    mr = ACCUMULATORS // nvec  # the same accumulators whatever NR is
     nr = VEC * nvec
     # compiled in a kernel module, cached on disk (numba's own cache cannot key a
     # closure over an intrinsic)
@@ -303,27 +308,28 @@ def packed_walk(wp: np.ndarray, dilation_w: int) -> WeightWalk:
     return WeightWalk(kh, kw, 0, kh * kw * c * nr, kw * c * nr, c * nr, nr, dilation_w == 1)
 
 
-def flipped_walk(w: np.ndarray) -> WeightWalk:
+def flipped_walk(w: np.ndarray, nr: int) -> WeightWalk:
     """The weights w (O, KH, KW, C) of a conv read in place for its backward-data as a
-    forward conv (taps reversed, O the reduction, C the output channels): no packing.
-    The output channels of every block must lie inside C (C a multiple of NR)."""
+    forward conv (taps reversed, O the reduction, C the output channels, ``nr`` per
+    block): no packing. The output channels of every block must lie inside C (C a
+    multiple of ``nr``)."""
     o, kh, kw, c = w.shape
-    return WeightWalk(kh, kw, ((kh - 1) * kw + kw - 1) * c, 0, -kw * c, -c, kh * kw * c,
+    return WeightWalk(kh, kw, ((kh - 1) * kw + kw - 1) * c, nr, -kw * c, -c, kh * kw * c,
                       False)
 
 
 @cache
 def _gather_driver(nvec: int) -> Any:
     """The compiled forward over all ``N x OH x OW`` output pixels in micro-tiles of
-    ``MR`` consecutive pixels, which may run over the end of an output row (their
+    ``ACCUMULATORS / nvec`` consecutive pixels, which may run over the end of an output row (their
     input offsets gathered per tile), so that short rows fill the tiles:
     ``run(xp (N,Hp,Wp,C), wf, y (N,OH,OW,O), bias (O',), res, has_res, act, sh, sw,
     dh, dw, per_task, blocks_inside, *walk)`` with the weights found in the flat ``wf``
     as the :class:`WeightWalk` ``walk`` says, the epilogue of the gathered
     :func:`_make_ukernel` (``res`` y's shape, read where ``has_res``; O <= O' (O'
-    a multiple of 16 * nvec), lanes beyond O not stored), each task ``per_task``
+    a multiple of VEC * nvec), lanes beyond O not stored), each task ``per_task``
     tiles of one output-channel block, or of all (``blocks_inside``)."""
-    mr = MR * 4 // nvec
+    mr = ACCUMULATORS // nvec
     nr = VEC * nvec
     src = Source(__name__, f"blocked_gather_nr{nr}")
     src.expr("ukernel", f"_make_ukernel({mr}, {nvec}, gather=True)")
@@ -405,16 +411,17 @@ def pad(x: np.ndarray, ndim: int, padding: tuple[tuple[int, int], ...]) -> np.nd
 
 
 def _nvec(out_channels: int) -> int:
-    """Vectors per micro-tile (4, 3, 2 or 1; ``24 / nvec`` pixels), by a cost model:
-    the panels' channels (O rounded up to ``16 * nvec``) times one plus the loads per
-    multiply-add (``24 / nvec`` broadcasts of x and ``nvec`` panel loads per 24
-    multiply-adds): 96 and 144 channels take 48-channel panels, 24 and 160 take 32,
-    64-multiples 64. Measured 2026-12-01 on MobileNetV2's 24 -> 144 1x1 at 8x56x56:
+    """Vectors per micro-tile (4, 3, 2 or 1; ``ACCUMULATORS / nvec`` pixels), by a cost
+    model: the panels' channels (O rounded up to ``VEC * nvec``) times one plus the
+    loads per multiply-add (``ACCUMULATORS / nvec`` broadcasts of x and ``nvec`` panel
+    loads per ``ACCUMULATORS`` multiply-adds). With AVX-512: 96 and 144 channels take
+    48-channel panels, 24 and 160 take 32, 64-multiples 64; with AVX2 (8 lanes, at most
+    3 vectors): 64 channels take 16-channel panels (6 pixels), 144 24-channel ones. Measured 2026-12-01 on MobileNetV2's 24 -> 144 1x1 at 8x56x56:
     64-channel panels (192) 2.1 ms, 16-channel ones (a load per multiply-add) 7.9 ms."""
     def cost(nvec: int) -> float:
-        mr = MR * 4 // nvec
+        mr = ACCUMULATORS // nvec
         return -(-out_channels // (VEC * nvec)) * VEC * nvec * (1 + (mr + nvec) / (mr * nvec))
-    return min((4, 3, 2, 1), key=cost)
+    return min(NVECS, key=cost)
 
 
 def dense_float32_2d(problem: ConvProblem) -> str | None:
@@ -430,7 +437,7 @@ def dense_float32_2d(problem: ConvProblem) -> str | None:
 
 
 def _supports(problem: ConvProblem, padded_channels: bool = True) -> str | None:
-    """Forward problems; output channels that are not a multiple of 16 only where
+    """Forward problems; output channels that are not a multiple of VEC only where
     ``padded_channels`` (the forward pads its panels and stores the real lanes;
     backward-data's phases write their slices of dx in place)."""
     reason = dense_float32_2d(problem)
@@ -520,7 +527,7 @@ def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray,
     nvec, blocks = nr // VEC, -(-shape[-1] // nr)
     if bias is None:
         bias = np.zeros(blocks * nr, np.float32)
-    tiles = -(-problem.batch * math.prod(problem.out_size) // (MR * 4 // nvec))
+    tiles = -(-problem.batch * math.prod(problem.out_size) // (ACCUMULATORS // nvec))
     inside = wp.nbytes <= BLOCKS_INSIDE_BYTES
     _gather_driver(nvec)(padded_input(x, problem), wp.reshape(-1), _as2d(y, problem.ndim),
                          bias, y if residual is None else residual, residual is not None,
@@ -551,7 +558,7 @@ def run_into(out: np.ndarray, first: tuple[int, ...], step: tuple[int, ...],
     _, hh, ww, o = _as2d(out, problem.ndim).shape
     y0 = (first[0] * ww + first[1]) * o
     nvec = wp.shape[-1] // VEC
-    per_task = _per_task(-(-ow // (MR * 4 // nvec)), problem.batch * oh * wp.shape[0])
+    per_task = _per_task(-(-ow // (ACCUMULATORS // nvec)), problem.batch * oh * wp.shape[0])
     _driver(nvec)(xp, origin[0], origin[1], wp, out.reshape(-1), y0, hh * ww * o,
                   step[0] * ww * o, step[1] * o, oh, ow, sh, sw, dh, dw, per_task)
 
@@ -595,7 +602,7 @@ def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.
         if is_transient() and problem.in_channels % nr == 0:
             # weights that change every call (training): read in place, not packed
             w4 = _as2d(w, problem.ndim)
-            return _forward(forward, dy, w4, nr=nr, walk=flipped_walk(w4))
+            return _forward(forward, dy, w4, nr=nr, walk=flipped_walk(w4, nr))
         wp, _ = PACKED.get(w, ("flipped", problem.ndim, nr),
                            lambda w: pack_weight(flipped_view(w), problem.ndim, nr))
         return _forward(forward, dy, wp)

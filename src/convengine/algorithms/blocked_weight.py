@@ -1,9 +1,9 @@
-"""``blocked`` backward-weight: the weight gradient by a register-blocked AVX-512 kernel.
+"""``blocked`` backward-weight: the weight gradient by a register-blocked vector kernel.
 
 ``dw[o, a, b, c] = sum_{n, i, j} dy[n, i, j, o] * xp[n, i*sh + a*dh, j*sw + b*dw, c]``
 with ``xp`` the zero-padded input (channels-last) and ``dy`` as given (channels-last):
 no column matrix, no packing. A micro-kernel holds ``MR`` output channels x
-``16 * nvec`` input channels of one kernel tap in zmm registers and walks the
+``VEC * nvec`` input channels of one kernel tap in vector registers and walks the
 reduction over pixels, broadcasting ``MR`` adjacent values of ``dy`` and loading
 ``nvec`` vectors of ``xp`` per pixel (the forward micro-kernel of ``blocked`` with
 the roles of the operands exchanged).
@@ -17,10 +17,11 @@ multiply-add.
 
 With few input channels (the 3-channel stems) the roles turn: a block holds ``MR``
 consecutive taps of one kernel row (its columns x channels are one contiguous run of
-``xp`` at unit column dilation) x 64 output channels, broadcasting x and loading dy.
+``xp`` at unit column dilation) x ``VEC * nvec`` output channels, broadcasting x and loading dy.
 
-Serves float32, dense (groups 1), 1-D and 2-D, input channels a multiple of 16 or
-output channels a multiple of 16 at unit column dilation.
+Serves float32, dense (groups 1), 1-D and 2-D, input channels a multiple of VEC (16
+float32 with AVX-512, 8 with AVX2) or output channels a multiple of VEC at unit column
+dilation.
 """
 
 from __future__ import annotations
@@ -40,21 +41,25 @@ from ..problem import ConvProblem
 from ..registry import register
 from ..threads import get_num_threads
 from ._common import too_large
+from .._host import ACCUMULATORS, VECTOR_BYTES
 from ._fma import row_pointers, splat, store_rows
 from .blocked import _as2d, dense_float32_2d, padded_input
 
 MR = 6  # output channels per register block
-VEC = 16  # float32 lanes of a zmm register
+VEC = VECTOR_BYTES // 4  # float32 lanes of a vector register
+# vectors per block that keep its MR x nvec accumulators in registers (4, 2, 1 with
+# AVX-512; 2, 1 with AVX2)
+NVECS = tuple(v for v in (4, 2, 1) if MR * v <= ACCUMULATORS)
 CHUNK_BYTES = 384 * 2**10  # x and dy bytes per chunk of pixels (a core's L2 holds it)
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, VEC)
 
 
 def _make_ukernel(nvec: int) -> Any:
-    """Micro-kernel of ``MR`` output channels x ``16 * nvec`` input channels:
+    """Micro-kernel of ``MR`` output channels x ``VEC * nvec`` input channels:
 
     ``ukernel(d, d_off, dn, dh, dw, nn, nh, nw, x, x_off, xn, xh, xw, mr, y, y_off, ys,
-    add)`` sets, for ``r < mr`` and lanes ``j < 16 * nvec``,
+    add)`` sets, for ``r < mr`` and lanes ``j < VEC * nvec``,
     ``y[y_off + r * ys + j] = (y[...] if add else 0) + sum_{n<nn, h<nh, w<nw}
     d[d_off + n*dn + h*dh + w*dw + r] * x[x_off + n*xn + h*xh + w*xw + j]``.
     Rows ``r >= mr`` recompute row ``mr - 1`` and are not stored.
@@ -73,7 +78,7 @@ def _make_ukernel(nvec: int) -> Any:
              add) = args
             intp = d_off.type
             fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]), "llvm.fma.v16f32")
+                builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]), f"llvm.fma.v{VEC}f32")
             one = ir.Constant(intp, 1)
             rows = row_pointers(builder, builder.gep(d_arr.data, [d_off]), MR, mr, one)
             x_base = builder.gep(x_arr.data, [x_off])
@@ -108,7 +113,7 @@ def _make_ukernel(nvec: int) -> Any:
 
 @cache
 def _driver(nvec: int) -> Any:
-    """The compiled weight gradient for blocks of ``MR`` broadcast values x ``NR = 16 *
+    """The compiled weight gradient for blocks of ``MR`` broadcast values x ``NR = VEC *
     nvec`` vector lanes: ``run(b, v, y, tasks, b_step, v_step, ys, n, oh, ow, imgs,
     rows, workers)``. ``b`` and ``v`` are the flat broadcast and vector operands (dy
     and x, or x and dy for the turned kernel), ``tasks`` rows ``(b offset, v offset, y
@@ -171,15 +176,15 @@ def _tasks(problem: ConvProblem) -> tuple[np.ndarray, int, int]:
 
 
 def _nvec(channels: int) -> int:
-    """Vectors per block: 4 (64 channels) when the count allows it, else 2 or 1; 0 if
-    it is not a multiple of 16."""
-    return next((v for v in (4, 2, 1) if channels % (VEC * v) == 0), 0)
+    """Vectors per block: the most of :data:`NVECS` the count allows; 0 if it is not a
+    multiple of VEC."""
+    return next((v for v in NVECS if channels % (VEC * v) == 0), 0)
 
 
 def _by_rows(problem: ConvProblem) -> bool:
     """Whether the turned kernel (:func:`_row_driver`) holds more accumulators than the
-    one over input channels: input channels few or not a multiple of 16, output
-    channels a multiple of 16, unit column dilation."""
+    one over input channels: input channels few or not a multiple of VEC, output
+    channels a multiple of VEC, unit column dilation."""
     rows_ok = problem.out_channels % VEC == 0 and problem.dilation[-1] == 1
     return rows_ok and _nvec(problem.out_channels) > _nvec(problem.in_channels)
 

@@ -8,8 +8,8 @@ with out-of-range input pixels read as zero (1-D problems are the KH = 1 case).
 Backward-data at stride 1 is the same conv of dy with the taps reversed.
 
 Kernels are generated per (KH, KW, width stride, dilations). The register block is
-an ``@intrinsic`` that emits ``llvm.fma`` on 512-bit vectors (LLVM's default for
-this CPU through numba is 256-bit): ``OW_BLOCK`` adjacent output pixels times
+an ``@intrinsic`` that emits ``llvm.fma`` on the host's widest vectors (512-bit with
+AVX-512, where LLVM's default through numba is 256-bit; 256-bit with AVX2): ``OW_BLOCK`` adjacent output pixels times
 ``NVEC`` vectors of channels, every tap unrolled, with masked loads and stores for
 the last channels. Every row reads x in place: its first and last columns through
 variants of the block restricted to the tap columns inside x, and near the top and
@@ -43,7 +43,7 @@ from .. import memory
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..threads import get_num_threads
-from ._fma import VECTOR_BYTES, prefetch, vector_ops  # one zmm: 16 float32 or 8 float64
+from ._fma import VECTOR_BYTES, prefetch, vector_ops  # 16 float32 or 8 float64 (AVX2: 8, 4)
 
 # numba's compiler has a ``noalias`` flag (LLVM ``noalias`` on every array argument)
 # but no public njit option for it; map one, so that kernels whose arrays never
@@ -95,7 +95,7 @@ def _block_intrinsic(  # noqa: PLR0913
                                           * wk.flat[wo + (i*KW + j)*C + l]
 
     over taps ``j0 <= j < j1`` (default all), in order, in registers (``llvm.fma`` on
-    512-bit vectors: LLVM's default for this CPU through numba would use 256-bit).
+    ``VECTOR_BYTES`` vectors).
     ``streaming``: full vectors go to memory with non-temporal stores, which need
     every full vector of y on a 64-byte boundary (y aligned, C a multiple of a vector).
     ``epilogue``: the block takes two more arguments, ``bias`` (C,) and ``act`` (0:
@@ -303,18 +303,21 @@ def _store_fence(typingctx):
     return types.void(), codegen
 
 
+_ALIGN = memory.ALIGN
+
+
 @njit(nogil=True)
 def _cache_line_aligned(raw, n, h, w, c):
-    """An uninitialised (n, h, w, c) array starting on a VECTOR_BYTES boundary, one
-    64-byte cache line (numpy's own arrays start 16 bytes into one: vector stores then
-    straddle two lines, measured 3-5% slower on the MobileNetV2 depthwise layers; the
-    streaming stores need the alignment): a view of ``raw`` if it is long enough (an
+    """An uninitialised (n, h, w, c) array starting on a 64-byte cache line
+    (``memory.ALIGN``, a whole number of vectors; numpy's own arrays start 16 bytes
+    into one: vector stores then straddle two lines, measured 3-5% slower on the
+    MobileNetV2 depthwise layers; the streaming stores need the alignment): a view of ``raw`` if it is long enough (an
     :func:`output_buffer`), else of a buffer allocated here."""
     total = n * h * w * c
-    spare = VECTOR_BYTES // raw.itemsize
+    spare = _ALIGN // raw.itemsize
     if raw.shape[0] < total + spare:
         raw = np.empty(total + spare, raw.dtype)
-    start = (-raw.ctypes.data % VECTOR_BYTES) // raw.itemsize
+    start = (-raw.ctypes.data % _ALIGN) // raw.itemsize
     return raw[start:start + total].reshape((n, h, w, c))
 
 
@@ -324,7 +327,7 @@ def output_buffer(count: int, dtype: np.dtype) -> np.ndarray:
     (a fresh 38.5 MB output took 9,409 page faults to fill, 16.5 ms single-threaded),
     else empty (the kernel allocates y)."""
     if count * dtype.itemsize >= memory.MIN_BYTES:
-        return memory.empty(count + VECTOR_BYTES // dtype.itemsize, dtype)
+        return memory.empty(count + _ALIGN // dtype.itemsize, dtype)
     empty = _NO_BUFFER.get(dtype)
     if empty is None:  # one shared empty array per dtype: the kernels only read its length
         empty = _NO_BUFFER[dtype] = np.empty(0, dtype)

@@ -8,7 +8,7 @@ For x ``(N, H, W, C)`` and dy ``(N, OH, OW, C)``, the result dw ``(C, KH, KW, 1)
 with out-of-range input pixels read as zero (1-D problems are the KH = 1 case).
 
 Kernels are generated per (KH, KW, width stride, width dilation). The inner loop is
-an ``@intrinsic`` (``llvm.fma`` on 512-bit vectors, masked loads for the last
+an ``@intrinsic`` (``llvm.fma`` on the host's vectors, masked loads for the last
 channels, as in ``depthwise.py``) that keeps the KH*KW accumulators of NVEC vectors
 of channels in registers while it walks every output pixel of a band of rows: each
 dy vector is loaded once and multiplied with the shifted x vectors of all taps
@@ -40,10 +40,13 @@ from numba.extending import intrinsic
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..threads import get_num_threads
+from .._host import ACCUMULATORS
 from ._fma import prefetch, vector_ops
-from .depthwise import NOALIAS, VECTOR_BYTES, _as2d, _served
+from .depthwise import MAX_TAPS, NOALIAS, VECTOR_BYTES, _as2d, _served
 
-NVEC = 2  # vectors of channels per register block
+# vectors of channels per register block: its KH*KW x NVEC accumulators stay in
+# registers (2 with AVX-512, 1 with AVX2)
+NVEC = max(1, ACCUMULATORS // MAX_TAPS)
 UNROLL = 4  # adjacent output pixels per step of the unchecked loop
 # Problems under both limits run on the calling thread (starting the parallel region
 # costs more than the second thread saves). MobileNetV2's batch-1 layers under 2M

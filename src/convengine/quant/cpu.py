@@ -9,26 +9,14 @@ with :func:`set_int8_path` at run time.
 from __future__ import annotations
 
 import os
-import platform
 
+from .._host import FEATURES as _features
 from ..errors import ConvSetupError
 from ._amx import request_amx
 
 INT8_PATHS = ("auto", "amx", "vnni", "portable")
 
 
-def _host_features() -> dict[str, bool]:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return {}
-    try:
-        import llvmlite.binding as llvm
-
-        return dict(llvm.get_host_cpu_features())
-    except Exception:  # noqa: BLE001 - no feature list: assume the worst
-        return {}
-
-
-_features = _host_features()
 HAS_VNNI = bool(_features.get("avx512vnni") and _features.get("avx512bw"))
 HAS_AMX = bool(HAS_VNNI and _features.get("amx-int8") and _features.get("amx-tile")
                and request_amx())
