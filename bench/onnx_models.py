@@ -76,8 +76,9 @@ def export(model: nn.Module, shape: tuple[int, ...], *, dynamo: bool,
 
 
 def quantize(model_bytes: bytes, shape: tuple[int, ...], *, qdq: bool, per_channel: bool,
-             samples: int = 4, seed: int = 0) -> bytes:
-    """``onnxruntime.quantization.quantize_static`` (uint8 activations, int8 weights)."""
+             samples: int = 4, seed: int = 0, reduce_range: bool = False) -> bytes:
+    """``onnxruntime.quantization.quantize_static`` (uint8 activations, int8 weights;
+    7-bit weights with ``reduce_range``)."""
     import os
     import tempfile
 
@@ -98,7 +99,7 @@ def quantize(model_bytes: bytes, shape: tuple[int, ...], *, qdq: bool, per_chann
         q.quantize_static(src, dst, Reader(),
                           quant_format=q.QuantFormat.QDQ if qdq else q.QuantFormat.QOperator,
                           per_channel=per_channel, activation_type=q.QuantType.QUInt8,
-                          weight_type=q.QuantType.QInt8)
+                          weight_type=q.QuantType.QInt8, reduce_range=reduce_range)
         with open(dst, "rb") as f:
             return f.read()
 

@@ -195,8 +195,8 @@ def test_depthwise_streaming_stores_match_the_reference(name, dtype, depthwise_t
                                                         monkeypatch) -> None:
     """Every output large enough to stream (threshold 0): y is written with non-temporal
     stores where C fills whole register blocks (NVEC vectors: 64 float32 channels, not
-    16, 48 or 17, nor 40 float64) and the width stride is 1 (not stride 3), same
-    results."""
+    16, 48 or 17, nor 40 float64, with AVX-512; 16-multiples with AVX2) and the width
+    stride is 1 (not stride 3), same results."""
     from convengine.algorithms import depthwise
 
     monkeypatch.setattr(depthwise, "STREAMING_BYTES", 0)
@@ -205,7 +205,8 @@ def test_depthwise_streaming_stores_match_the_reference(name, dtype, depthwise_t
     x, w, kw = _depthwise_case(xs, k, args, dtype, rng)
     problem = ce.explain(_nhwc(x), _nhwc(w), layout="NHWC", **kw).problem
     assert depthwise.forward_plan(problem).streaming == (
-        xs[1] * x.itemsize % (depthwise.NVEC * 64) == 0 and problem.stride[-1] == 1)
+        xs[1] * x.itemsize % (depthwise.NVEC * depthwise.VECTOR_BYTES) == 0
+        and problem.stride[-1] == 1)
     y = ce.conv(x, w, algo="direct", **kw)
     assert_close(y, ce.conv(x.astype(np.float64), w.astype(np.float64), algo="reference",
                             **kw), dtype)

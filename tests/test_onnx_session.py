@@ -18,6 +18,7 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import convengine as ce  # noqa: E402
 import convengine.onnx as ceo  # noqa: E402
+from oracle import INT8_WEIGHTS, PEERS_SATURATE  # noqa: E402
 
 OPSET = 21
 RNG = np.random.default_rng(0)
@@ -67,6 +68,11 @@ def u8(*shape):
 
 def i8(*shape):
     return RNG.integers(-127, 128, shape, dtype=np.int8)
+
+
+def w8(*shape):
+    """int8 weights for byte comparisons with ONNX Runtime (oracle.INT8_WEIGHTS)."""
+    return RNG.integers(*INT8_WEIGHTS, shape).astype(np.int8)
 
 
 # (id, op, {runtime inputs}, {initializer inputs}, attrs); input order: runtime, then inits
@@ -238,11 +244,11 @@ MS_CASES = [
      {"ys": np.float32(0.07), "yz": np.uint8(128), "as": np.float32(0.05), "az": np.uint8(100),
       "bs": np.float32(0.07), "bz": np.uint8(128)}, {"axis": 1}),
     ("qgemm", "QGemm", {"a": u8(4, 64)},
-     {"as": np.float32(0.02), "az": np.uint8(120), "b": i8(30, 64),
+     {"as": np.float32(0.02), "az": np.uint8(120), "b": w8(30, 64),
       "bs": np.float32(0.003), "bz": np.int8(0), "c": RNG.integers(-5000, 5000, 30).astype(np.int32),
       "ys": np.float32(0.05), "yz": np.uint8(130)}, {"transB": 1}),
     ("qgemm_per_channel_float", "QGemm", {"a": u8(4, 16)},
-     {"as": np.float32(0.02), "az": np.uint8(120), "b": i8(16, 6),
+     {"as": np.float32(0.02), "az": np.uint8(120), "b": w8(16, 6),
       "bs": np.linspace(0.001, 0.01, 6).astype(np.float32), "bz": np.zeros(6, np.int8)},
      {"alpha": 0.5}),
     ("qgemm_weight_zero_points", "QGemm", {"a": u8(3, 40)},
@@ -479,10 +485,13 @@ def test_quantized_model_matches_onnxruntime(exported, name, qdq, per_channel):
     """Bit-exact, except where ONNX Runtime departs from onnx.reference: its QLinearConv
     multiplies the accumulator by a float32 scale and so rounds exact float32 ties
     (e.g. 99.5) that onnx.reference (and convengine) see as 99.49999; such a one-step
-    difference then propagates. Bounded here: at most two output steps anywhere."""
+    difference then propagates. Bounded here: at most two output steps anywhere. Where
+    ONNX Runtime's int8 products saturate (no VNNI: oracle.PEERS_SATURATE), the model
+    is quantized with 7-bit weights (``reduce_range``, ONNX Runtime's advice there)."""
     pytest.importorskip("onnxruntime")
     om = _models()
-    qmodel = om.quantize(exported(name, False), SHAPE, qdq=qdq, per_channel=per_channel)
+    qmodel = om.quantize(exported(name, False), SHAPE, qdq=qdq, per_channel=per_channel,
+                         reduce_range=PEERS_SATURATE)
     x = RNG.standard_normal(SHAPE).astype(np.float32)
     expected = _ort(qmodel, x)
     session = ceo.Session(qmodel)
@@ -534,7 +543,7 @@ def _qconv_node(name, x, c, o, k, dtype, rng, inits):
     channels, k x k ("same" padding), per-channel int8 weights, int32 bias, output
     scale and zero point of its own (of ``dtype``)."""
     info = np.iinfo(dtype)
-    inits.update({f"{name}_w": rng.integers(-127, 128, (o, c, k, k)).astype(np.int8),
+    inits.update({f"{name}_w": rng.integers(*INT8_WEIGHTS, (o, c, k, k)).astype(np.int8),
                   f"{name}_ws": rng.uniform(2e-3, 6e-3, o).astype(np.float32),
                   f"{name}_wz": np.zeros(o, np.int8),
                   f"{name}_ys": np.float32(rng.uniform(0.05, 0.09)),

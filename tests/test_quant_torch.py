@@ -6,7 +6,9 @@
   weights x86/onednn run oneDNN, whose float op order differs: that comparison only
   bounds the difference (1 LSB on at most 1e-4 of the outputs).
 - Depthwise: fbgemm saturates its 16-bit partial sums on full-range input, so the
-  depthwise cases here use inputs small enough for torch to be exact.
+  depthwise cases here use inputs small enough for torch to be exact. Its dense
+  kernels do too where the CPU lacks VNNI: weights then come from
+  ``oracle.INT8_WEIGHTS``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 
 from convengine import dequantize, qconv, quantize, quantize_per_channel
+from oracle import INT8_WEIGHTS
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -110,7 +113,7 @@ CASES = [
 def _sample(case, rng, weight_zp=True):
     nd, n, c, o, size, k, s, p, d, g, per_channel = case
     x = rng.integers(0, 256, (n, c, *(size,) * nd)).astype(np.uint8)
-    w = rng.integers(-128, 128, (o, c // g, *(k,) * nd)).astype(np.int8)
+    w = rng.integers(*INT8_WEIGHTS, (o, c // g, *(k,) * nd)).astype(np.int8)
     if per_channel:
         ws = rng.uniform(1e-3, 2e-2, o)
         wzp = rng.integers(-10, 10, o) if weight_zp else np.zeros(o, np.int64)

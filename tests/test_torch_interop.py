@@ -13,6 +13,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 import convengine.torch as cet  # noqa: E402
+from oracle import INT8_WEIGHTS  # noqa: E402
 
 TORCH_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 TORCH_CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -314,11 +315,15 @@ def _torch_qconv(geometry, scheme, relu, seed=0):
     g = torch.Generator().manual_seed(seed)
     c_in, c_out, groups = 8, 6, geometry["groups"]
     w = torch.randn(c_out, c_in // groups, 3, 3, generator=g) * 0.2
+    limit = INT8_WEIGHTS[1] - 1  # int8 values PyTorch multiplies exactly here
     if scheme == "per_tensor":
-        wq = torch.quantize_per_tensor(w, 0.004, 0, torch.qint8)
+        wq = torch.quantize_per_tensor(w.clamp(-limit * 0.004, limit * 0.004), 0.004, 0,
+                                       torch.qint8)
     else:
         scales = torch.rand(c_out, generator=g, dtype=torch.float64) * 0.004 + 0.001
-        wq = torch.quantize_per_channel(w, scales, torch.zeros(c_out, dtype=torch.long), 0,
+        bound = (limit * scales).float().view(-1, 1, 1, 1)
+        wq = torch.quantize_per_channel(torch.maximum(torch.minimum(w, bound), -bound),
+                                        scales, torch.zeros(c_out, dtype=torch.long), 0,
                                         torch.qint8)
     mod = (nniq.ConvReLU2d if relu else nnq.Conv2d)(c_in, c_out, 3, **geometry)
     mod.set_weight_bias(wq, torch.randn(c_out, generator=g))

@@ -15,11 +15,11 @@ with ``b`` packed as ``kc`` rows of ``NR`` contiguous values. Rows ``r >= mr`` r
 row ``mr - 1`` and are not stored. The 6 x NVEC accumulators are vector ``alloca``\\ s
 that LLVM keeps in registers, updated by ``llvm.fma`` on ``<16 x float>`` (or
 ``<8 x double>``; half that with AVX2): LLVM's default for an AVX-512 CPU would use
-256-bit vectors; spelling the vectors out gets 512-bit ones. The sum over ``k`` runs in order, one rounding
-per fused multiply-add.
+256-bit vectors; spelling the vectors out gets 512-bit ones. The sum over ``k`` runs
+in order, one rounding per fused multiply-add.
 
 And ``make_sandwich(left, right, check)``: the Winograd tile transforms
-``left @ S @ right^T`` over 16 (or 8) channels at a time, generated from the
+``left @ S @ right^T`` over a vector of channels at a time, generated from the
 constant matrices with their shared sub-sums factored out (see ``_matvec``).
 """
 

@@ -30,13 +30,13 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .. import memory
+from .._host import ACCUMULATORS, VECTOR_BYTES, VECTOR_REGISTERS
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..registry import register
 from ..threads import get_num_threads
 from . import blocked_strided
 from ._common import too_large
-from .._host import ACCUMULATORS, VECTOR_BYTES, VECTOR_REGISTERS
 from ._fma import prefetch, row_pointers, splat, store_rows, vector_ops
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_view
 from .weight_cache import WeightCache, is_transient
@@ -416,7 +416,8 @@ def _nvec(out_channels: int) -> int:
     loads per multiply-add (``ACCUMULATORS / nvec`` broadcasts of x and ``nvec`` panel
     loads per ``ACCUMULATORS`` multiply-adds). With AVX-512: 96 and 144 channels take
     48-channel panels, 24 and 160 take 32, 64-multiples 64; with AVX2 (8 lanes, at most
-    3 vectors): 64 channels take 16-channel panels (6 pixels), 144 24-channel ones. Measured 2026-12-01 on MobileNetV2's 24 -> 144 1x1 at 8x56x56:
+    3 vectors): 64 channels take 16-channel panels (6 pixels), 144 24-channel ones.
+    Measured 2026-12-01 (AVX-512) on MobileNetV2's 24 -> 144 1x1 at 8x56x56:
     64-channel panels (192) 2.1 ms, 16-channel ones (a load per multiply-add) 7.9 ms."""
     def cost(nvec: int) -> float:
         mr = ACCUMULATORS // nvec

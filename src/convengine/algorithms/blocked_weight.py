@@ -36,12 +36,12 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .._host import ACCUMULATORS, VECTOR_BYTES
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..registry import register
 from ..threads import get_num_threads
 from ._common import too_large
-from .._host import ACCUMULATORS, VECTOR_BYTES
 from ._fma import row_pointers, splat, store_rows
 from .blocked import _as2d, dense_float32_2d, padded_input
 

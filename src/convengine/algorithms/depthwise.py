@@ -7,17 +7,17 @@ For x ``(N, H, W, C)``, w ``(C, KH, KW, 1)`` and y ``(N, OH, OW, C)``::
 with out-of-range input pixels read as zero (1-D problems are the KH = 1 case).
 Backward-data at stride 1 is the same conv of dy with the taps reversed.
 
-Kernels are generated per (KH, KW, width stride, dilations). The register block is
-an ``@intrinsic`` that emits ``llvm.fma`` on the host's widest vectors (512-bit with
-AVX-512, where LLVM's default through numba is 256-bit; 256-bit with AVX2): ``OW_BLOCK`` adjacent output pixels times
-``NVEC`` vectors of channels, every tap unrolled, with masked loads and stores for
-the last channels. Every row reads x in place: its first and last columns through
-variants of the block restricted to the tap columns inside x, and near the top and
-bottom with the tap rows outside x masked off in the loads. Only where some pixel
-has no tap column inside x (padding wider than the kernel's reach) do the rows read
-zero-padded copies of their input rows. The work is one task per
-thread, a block of output rows (a slice of channels when there are fewer rows than
-threads), or all on the calling thread below SERIAL_MACS multiply-adds.
+Kernels are generated per (KH, KW, width stride, dilations). The register block is an
+``@intrinsic`` that emits ``llvm.fma`` on the host's widest vectors (512-bit with
+AVX-512, where LLVM's default through numba is 256-bit; 256-bit with AVX2):
+``OW_BLOCK`` adjacent output pixels times ``NVEC`` vectors of channels, every tap
+unrolled, with masked loads and stores for the last channels. Every row reads x in
+place: its first and last columns through variants of the block restricted to the tap
+columns inside x, and near the top and bottom with the tap rows outside x masked off
+in the loads. Only where some pixel has no tap column inside x (padding wider than the
+kernel's reach) do the rows read zero-padded copies of their input rows. The work is
+one task per thread, a block of output rows (a slice of channels when there are fewer
+rows than threads), or all on the calling thread below SERIAL_MACS multiply-adds.
 
 y starts on a 64-byte cache line (outputs of 32 MiB and more in a buffer numpy
 allocates, with huge pages); outputs of STREAMING_BYTES or more at width stride
@@ -311,8 +311,9 @@ def _cache_line_aligned(raw, n, h, w, c):
     """An uninitialised (n, h, w, c) array starting on a 64-byte cache line
     (``memory.ALIGN``, a whole number of vectors; numpy's own arrays start 16 bytes
     into one: vector stores then straddle two lines, measured 3-5% slower on the
-    MobileNetV2 depthwise layers; the streaming stores need the alignment): a view of ``raw`` if it is long enough (an
-    :func:`output_buffer`), else of a buffer allocated here."""
+    MobileNetV2 depthwise layers; the streaming stores need the alignment): a view of
+    ``raw`` if it is long enough (an :func:`output_buffer`), else of a buffer allocated
+    here."""
     total = n * h * w * c
     spare = _ALIGN // raw.itemsize
     if raw.shape[0] < total + spare:

@@ -37,10 +37,10 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .._host import ACCUMULATORS
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..threads import get_num_threads
-from .._host import ACCUMULATORS
 from ._fma import prefetch, vector_ops
 from .depthwise import MAX_TAPS, NOALIAS, VECTOR_BYTES, _as2d, _served
 
