@@ -18,9 +18,11 @@ import convengine
 from convengine import ConvSetupError, qconv
 from convengine.quant import HAS_AMX, HAS_VNNI, cpu
 from convengine.quant import depthwise as depthwise_kernels
+from convengine.quant.cpu import HAS_AVX2
 from convengine.quant.numerics import apply_requant, requant_params
 
-PATHS = ["portable"] + (["vnni"] if HAS_VNNI else []) + (["amx"] if HAS_AMX else [])
+PATHS = (["portable"] + (["avx2"] if HAS_AVX2 else []) + (["vnni"] if HAS_VNNI else [])
+         + (["amx"] if HAS_AMX else []))
 
 
 # ----------------------------------------------------------------- int64 reference

@@ -32,7 +32,7 @@ from .numerics import (
 )
 from .prepack import Packed, pack, packed_weights
 
-ALGOS = ("auto", "amx", "vnni", "portable", "depthwise")
+ALGOS = ("auto", "amx", "vnni", "avx2", "portable", "depthwise")
 _TILE_CONFIG = tile_config()
 # Shortest reductions C/g * prod(K) worth AMX tiles (measured against VNNI here: with
 # im2col 0.6-0.8x at K = 64-192, 1.1-1.5x from 288 up; reading x in place 1.0x at
@@ -107,6 +107,8 @@ def choose_algo(problem: ConvProblem, algo: str) -> str:
         raise ConvSetupError("algo='vnni' needs a CPU with AVX512-VNNI; this one lacks it")
     if algo == "amx" and not cpu.HAS_AMX:
         raise ConvSetupError("algo='amx' needs a CPU with AMX-INT8 and the OS granting it")
+    if algo == "avx2" and not cpu.HAS_AVX2:
+        raise ConvSetupError("algo='avx2' needs a CPU with AVX2; this one lacks it")
     if algo != "auto":
         return algo
     if depthwise:
@@ -355,7 +357,7 @@ def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
     bias_f = rq.bias if plan.mode == 0 else np.zeros(1, np.float32)
     bias_i = rq.bias if plan.mode != 0 else np.zeros(1, np.int32)
     tail = (plan.mode, rq.multiplier, bias_f, bias_i, rq.zero_point, rq.lo, rq.hi)
-    if path == "depthwise" and cpu.int8_path() != "portable":
+    if path == "depthwise" and cpu.int8_path() in ("vnni", "amx"):
         path = "depthwise_vnni"
     packed = packed_weights(w, lambda a: _canonical(a, problem), plan.w_zero_point,
                             problem.groups, path)
@@ -381,6 +383,14 @@ def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
             kernels.conv_portable(x.view(np.uint8), flip, xzp_u, packed.data, geo, groups,
                                   *tail, y)
         return _with_residual(launch_portable)
+    if path == "avx2":
+        zeros = np.zeros(max(problem.out_channels, kernels.AVX2_MR), np.int32)
+
+        def launch_avx2(x: np.ndarray, y: np.ndarray) -> None:
+            prows = kernels.panel_rows(y.shape[0], 4 * packed.kc4, get_num_threads())
+            kernels.conv_avx2(x.view(np.uint8), flip, xzp_u, packed.data, geo, groups,
+                              packed.kc, packed.kc4, packed.nb, prows, zeros, *tail, y)
+        return _with_residual(launch_avx2)
     col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
     dense = (flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term, geo, groups,
              packed.kc, packed.kc4, packed.nb)

@@ -11,6 +11,9 @@ problems padded to 3-D with unit dims, ``geo`` the int64 vector
   VNNI micro-kernel on weights prepacked (g, O/64, Kc/4, 64, 4); zero points enter
   through row sums and precomputed column terms, as in fbgemm.
 - :func:`conv_amx`: the same panels, 32 x 32 blocks on AMX tiles (``tdpbusd``).
+- :func:`conv_avx2`: the same panels as int16 differences, 6 x 16 tiles by
+  ``vpmaddwd`` (:mod:`._avx2`) on weights prepacked (g, O/16, Kc/2, 16, 2), for CPUs
+  with AVX2 but no VNNI.
 - :func:`conv_portable`: the same gather into int16 differences, int32 dot products.
 
 Depthwise convolutions (groups == C == O) have their own kernels in :mod:`.depthwise`.
@@ -29,6 +32,9 @@ import numpy as np
 from numba import njit, prange
 
 from ._amx import amx_32x32, amx_begin, amx_end
+from ._avx2 import MR as AVX2_MR
+from ._avx2 import NR as AVX2_NR
+from ._avx2 import ukernel_6x16
 from ._copy import copy_bytes
 from ._ir import fma32
 from ._vnni import (
@@ -536,6 +542,41 @@ def conv_amx(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, 
                                 g * og + b * NR, rows, rb - m0, wzp, col_term, mode, mult,
                                 bias_f, bias_i, zp, lo, hi, out)
         amx_end()
+
+
+@njit(parallel=True, cache=True)
+def conv_avx2(x, flip, xzp, wp, geo, groups, kc, kc2, nb, prows, zeros, mode, mult,
+              bias_f, bias_i, zp, lo, hi, out):
+    """Any grouped conv on AVX2: panels of ``prows`` rows gathered as int16 differences
+    ``x - xzp`` (K zero-padded to ``2 * kc2``), times ``wp (g, nb, kc2, 16, 2)`` int16
+    ``w - wzp`` in 6 x 16 tiles, requantized from the tile (``zeros``: int32 zeros, one
+    per row of a panel and per output channel: no zero-point terms remain)."""
+    m_total = out.shape[0]
+    og = out.shape[1] // groups
+    cg = x.shape[4] // groups
+    lda = 2 * kc2
+    npanel = (m_total + prows - 1) // prows
+    for t in prange(npanel * groups):
+        p, g = t // groups, t % groups
+        buf = np.empty(kc, np.uint8)
+        a = np.zeros(prows * lda, np.int16)
+        tile = np.empty(AVX2_MR * NR, np.int32)
+        m0 = p * prows
+        rows = min(prows, m_total - m0)
+        for r in range(rows):
+            _gather_u8(x, m0 + r, g, cg, geo, xzp ^ flip, buf, 0)
+            at = r * lda
+            for k in range(kc):
+                a[np.uintp(at + k)] = np.int16(buf[k] ^ flip) - np.int16(xzp)
+        for b in range(nb):
+            o0 = g * og + b * AVX2_NR
+            ncol = min(AVX2_NR, og - b * AVX2_NR)
+            for r0 in range(0, rows, AVX2_MR):
+                mr = min(AVX2_MR, rows - r0)
+                ukernel_6x16(a, r0 * lda, lda, wp, ((g * nb + b) * kc2) * 2 * AVX2_NR, kc2,
+                             mr, tile, 0, NR)
+                _store_tile(tile, mr, ncol, m0 + r0, o0, zeros, 0, zeros, zeros, mode, mult,
+                            bias_f, bias_i, zp, lo, hi, out)
 
 
 @njit(parallel=True, cache=True)

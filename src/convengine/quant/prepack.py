@@ -16,6 +16,7 @@ import numpy as np
 from numba import njit
 
 from . import depthwise
+from ._avx2 import NR as AVX2_NR
 from ._vnni import NR
 
 CACHE_SIZE = 64
@@ -24,6 +25,7 @@ CACHE_SIZE = 64
 @dataclass(frozen=True)
 class Packed:
     """``data``: VNNI/AMX (g * nb * kc4 * 64 * 4,) int8 (AMX: kc4 a multiple of 16),
+    AVX2 (g * nb * kc4 * 16 * 2,) int16 ``w - wzp`` (there ``kc4`` counts pairs),
     portable (O, Kc) int16 ``w - wzp``,
     depthwise (taps, C) float32 ``w - wzp``, depthwise_vnni the int8 ``wq`` of
     :func:`.depthwise.pack_weights`. ``wzp`` (O,) int64 signed-weight zero
@@ -69,6 +71,13 @@ def pack(w: np.ndarray, wzp: np.ndarray, groups: int, path: str) -> Packed:
     if path == "portable":
         diff = (mat.astype(np.int16) - zs.astype(np.int16)[:, None]).copy()
         return Packed(diff, zs, col_sum, kc, 0, 0)
+    if path == "avx2":  # (g, O/16, Kc/2, 16, 2) int16 differences, zero-padded
+        og, kc2, nb = o // groups, -(-kc // 2), -(-(o // groups) // AVX2_NR)
+        diff = (mat.astype(np.int16) - zs.astype(np.int16)[:, None]).reshape(groups, og, kc)
+        padded = np.zeros((groups, nb * AVX2_NR, kc2 * 2), np.int16)
+        padded[:, :og, :kc] = diff
+        data = padded.reshape(groups, nb, AVX2_NR, kc2, 2).transpose(0, 1, 3, 2, 4)
+        return Packed(np.ascontiguousarray(data).ravel(), zs, col_sum, kc, kc2, nb)
     og = o // groups
     kc4 = -(-kc // 64) * 16 if path == "amx" else -(-kc // 4)
     nb = -(-og // NR)
@@ -101,7 +110,7 @@ def packed_weights(
     path: str,
 ) -> Packed:
     """The packed form of the caller's weights ``w`` for ``path`` ("amx", "vnni",
-    "portable", "depthwise", "depthwise_vnni"); ``canonical(w)`` gives ``(O, KD, KH, KW, C // g)``.
+    "avx2", "portable", "depthwise", "depthwise_vnni"); ``canonical(w)`` gives ``(O, KD, KH, KW, C // g)``.
 
     Looked up by the array's data address, layout and zero points, then confirmed by
     an exact comparison of ``w`` with the copy saved at packing time: weights changed
