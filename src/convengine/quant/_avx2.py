@@ -7,7 +7,8 @@ differences ``x - x_zero_point``) and the int16 weights packed as
 
     c[c_off + r * ldc + col] = sum_{k < kc2, i < 2} a[r, 2k + i] * b[k, col, i]   (int32)
 
-Rows ``r >= mr`` repeat row ``mr - 1`` and are not stored. ``vpmaddwd`` multiplies
+Rows ``r >= mr`` repeat row ``mr - 1`` and are not stored. ``ukernel_requant_6x16``
+stores the tile requantized to 8 bits instead (:func:`_make_ukernel_requant`). ``vpmaddwd`` multiplies
 int16 pairs and adds each pair into an int32 lane: exact here (a pair is at most
 2 * 255 * 255), unlike the ``vpmaddubsw`` of fbgemm and ONNX Runtime on these CPUs,
 which saturates each pair's sum to int16. The 12 accumulators are ``<8 x i32>``
@@ -32,48 +33,63 @@ _V8 = ir.VectorType(_I32, 8)
 _W16 = ir.VectorType(ir.IntType(16), 16)
 
 
+def _tile(context, builder, signature, args) -> list[list[ir.Value]]:
+    """The 6 x 2 accumulator allocas of the tile of ``args[:7]`` (a, a_off, lda, b,
+    b_off, kc2, mr: see the module doc)."""
+    a_arr, b_arr = (context.make_array(signature.args[k])(context, builder, args[k])
+                    for k in (0, 3))
+    _, a_off_v, lda_v, _, b_off_v, kc2_v, mr_v = args[:7]
+    intp = a_off_v.type
+    pmadd = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_V8, [_W16, _W16]), "llvm.x86.avx2.pmadd.wd")
+    rows = row_pointers(builder, builder.gep(a_arr.data, [a_off_v]), MR, mr_v, lda_v)
+    rows = [builder.bitcast(p, _I32.as_pointer()) for p in rows]  # int16 pairs
+    b0 = builder.bitcast(builder.gep(b_arr.data, [b_off_v]), _W16.as_pointer())
+    accs = [[cgutils.alloca_once_value(builder, ir.Constant(_V8, None)) for _ in range(2)]
+            for _ in range(MR)]
+    undef = ir.Constant(_V8, ir.Undefined)
+    lanes = ir.Constant(_V8, None)
+    with cgutils.for_range(builder, kc2_v) as loop:
+        k = loop.index
+        wv = [builder.load(builder.gep(b0, [builder.add(builder.mul(k, ir.Constant(intp, 2)),
+                                                        ir.Constant(intp, j))]), align=2)
+              for j in range(2)]
+        for r in range(MR):
+            pair = builder.load(builder.gep(rows[r], [k]), align=2)
+            first = builder.insert_element(undef, pair, ir.Constant(_I32, 0))
+            av = builder.bitcast(builder.shuffle_vector(first, undef, lanes), _W16)
+            for j in range(2):
+                acc = accs[r][j]
+                builder.store(builder.add(builder.load(acc), builder.call(pmadd, [av, wv[j]])),
+                              acc)
+    return accs
+
+
+def _for_rows(builder, mr_v, base, ld_v, body) -> None:
+    """``body(r, row_ptr)`` for each tile row ``r < mr``, ``row_ptr = base + r * ld``."""
+    intp = mr_v.type
+    for r in range(MR):
+        with builder.if_then(builder.icmp_signed("<", ir.Constant(intp, r), mr_v), likely=True):
+            body(r, builder.gep(base, [builder.mul(ir.Constant(intp, r), ld_v)]))
+
+
 def _make_ukernel() -> Any:
     def ukernel(typingctx, a, a_off, lda, b, b_off, kc2, mr, c, c_off, ldc):
         i = types.intp
         sig = types.void(a, i, i, b, i, i, i, c, i, i)
 
         def codegen(context, builder, signature, args):
-            a_arr, b_arr, c_arr = (context.make_array(signature.args[k])(context, builder,
-                                                                         args[k])
-                                   for k in (0, 3, 7))
-            _, a_off_v, lda_v, _, b_off_v, kc2_v, mr_v, _, c_off_v, ldc_v = args
-            intp = a_off_v.type
-            pmadd = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_V8, [_W16, _W16]), "llvm.x86.avx2.pmadd.wd")
-            rows = row_pointers(builder, builder.gep(a_arr.data, [a_off_v]), MR, mr_v, lda_v)
-            rows = [builder.bitcast(p, _I32.as_pointer()) for p in rows]  # int16 pairs
-            b0 = builder.bitcast(builder.gep(b_arr.data, [b_off_v]), _W16.as_pointer())
-            accs = [[cgutils.alloca_once_value(builder, ir.Constant(_V8, None))
-                     for _ in range(2)] for _ in range(MR)]
-            undef = ir.Constant(_V8, ir.Undefined)
-            lanes = ir.Constant(ir.VectorType(_I32, 8), None)
-            with cgutils.for_range(builder, kc2_v) as loop:
-                k = loop.index
-                wv = [builder.load(builder.gep(b0, [builder.add(builder.mul(
-                    k, ir.Constant(intp, 2)), ir.Constant(intp, j))]), align=2)
-                    for j in range(2)]
-                for r in range(MR):
-                    pair = builder.load(builder.gep(rows[r], [k]), align=2)
-                    first = builder.insert_element(undef, pair, ir.Constant(_I32, 0))
-                    av = builder.bitcast(builder.shuffle_vector(first, undef, lanes), _W16)
-                    for j in range(2):
-                        acc = accs[r][j]
-                        builder.store(builder.add(builder.load(acc),
-                                                  builder.call(pmadd, [av, wv[j]])), acc)
-            c0 = builder.gep(c_arr.data, [c_off_v])
-            for r in range(MR):
-                with builder.if_then(builder.icmp_signed("<", ir.Constant(intp, r), mr_v),
-                                     likely=True):
-                    at = builder.gep(c0, [builder.mul(ir.Constant(intp, r), ldc_v)])
-                    for j in range(2):
-                        ptr = builder.bitcast(builder.gep(at, [ir.Constant(intp, 8 * j)]),
-                                              _V8.as_pointer())
-                        builder.store(builder.load(accs[r][j]), ptr, align=4)
+            accs = _tile(context, builder, signature, args)
+            c_arr = context.make_array(signature.args[7])(context, builder, args[7])
+            intp = args[1].type
+
+            def store(r, at):
+                for j in range(2):
+                    ptr = builder.bitcast(builder.gep(at, [ir.Constant(intp, 8 * j)]),
+                                          _V8.as_pointer())
+                    builder.store(builder.load(accs[r][j]), ptr, align=4)
+
+            _for_rows(builder, args[6], builder.gep(c_arr.data, [args[8]]), args[9], store)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -82,4 +98,98 @@ def _make_ukernel() -> Any:
     return intrinsic(ukernel)
 
 
+def _requant(builder, acc, bias, mult, lo, hi, zp, onnx: bool) -> ir.Value:
+    """One <8 x i32> of accumulators requantized as ``kernels._epilogue`` does, to
+    <8 x i32> values inside [lo, hi]. PyTorch's (``onnx`` False: float32 ``bias``
+    and ``mult``): ``clamp(rint((f32(acc) + bias) * mult), lo - zp, hi - zp) + zp``,
+    equal to ``_epilogue``'s clamp after ``+ zp`` (rint is monotonic and fixes the
+    integer bounds). ONNX's (int32 ``bias``): ``rint(clamp(f64(acc + bias) * f64(mult)
+    + zp, lo, hi))`` in float64 lanes. No multiply-add is fused (separate roundings)."""
+    if onnx:
+        vd = ir.VectorType(ir.DoubleType(), 8)
+        v = builder.fadd(builder.fmul(builder.sitofp(builder.add(acc, bias), vd),
+                                      builder.fpext(mult, vd)), _splat(builder, zp, vd))
+        v = builder.select(builder.fcmp_ordered(">", v, _splat(builder, lo, vd)), v,
+                           _splat(builder, lo, vd))
+        v = builder.select(builder.fcmp_ordered("<", v, _splat(builder, hi, vd)), v,
+                           _splat(builder, hi, vd))
+        return builder.fptosi(_rint(builder, v), _V8)
+    vf = ir.VectorType(ir.FloatType(), 8)
+    v = builder.fmul(builder.fadd(builder.sitofp(acc, vf), bias), mult)
+    low, high = builder.fsub(lo, zp), builder.fsub(hi, zp)
+    v = builder.select(builder.fcmp_ordered(">", v, _splat(builder, low, vf)), v,
+                       _splat(builder, low, vf))
+    v = builder.select(builder.fcmp_ordered("<", v, _splat(builder, high, vf)), v,
+                       _splat(builder, high, vf))
+    q = builder.fptosi(_rint(builder, v), _V8)
+    return builder.add(q, _splat(builder, builder.fptosi(zp, _I32), _V8))
+
+
+def _splat(builder, value: ir.Value, vec: ir.VectorType) -> ir.Value:
+    if value.type != vec.element:
+        value = (builder.fpext(value, vec.element) if isinstance(vec.element, ir.DoubleType)
+                 else builder.fptrunc(value, vec.element))
+    undef = ir.Constant(vec, ir.Undefined)
+    first = builder.insert_element(undef, value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(first, undef, ir.Constant(_V8, None))
+
+
+def _rint(builder, v: ir.Value) -> ir.Value:
+    """Round to the nearest integer, ties to even (``vroundps``/``vroundpd``)."""
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(v.type, [v.type]),
+        f"llvm.rint.v8f{64 if isinstance(v.type.element, ir.DoubleType) else 32}")
+    return builder.call(fn, [v])
+
+
+def _make_ukernel_requant() -> Any:
+    """The tile of 16 whole columns requantized into 8-bit ``out``: rows ``r < mr`` go
+    to ``out[out_off + r * ldo + j]`` as :func:`_requant` of the accumulator, ``bias``
+    and ``mult`` read at ``o0`` (float32 ``bias``: PyTorch's requantization; int32:
+    ONNX's), ``lo``, ``hi``, ``zp`` float64."""
+
+    def ukernel(typingctx, a, a_off, lda, b, b_off, kc2, mr, out, out_off, ldo, bias, mult,
+                o0, lo, hi, zp):
+        i, f = types.intp, types.float64
+        sig = types.void(a, i, i, b, i, i, i, out, i, i, bias, mult, i, f, f, f)
+        onnx = isinstance(bias.dtype, types.Integer)
+
+        def codegen(context, builder, signature, args):
+            accs = _tile(context, builder, signature, args)
+            out_arr, bias_arr, mult_arr = (
+                context.make_array(signature.args[k])(context, builder, args[k])
+                for k in (7, 10, 11))
+            o0_v, lo_v, hi_v, zp_v = args[12:16]
+            intp = o0_v.type
+            if not onnx:
+                lo_v, hi_v, zp_v = (builder.fptrunc(v, ir.FloatType()) for v in (lo_v, hi_v,
+                                                                                  zp_v))
+            consts = []
+            for j in range(2):
+                at = builder.add(o0_v, ir.Constant(intp, 8 * j))
+                bias_t = _V8 if onnx else ir.VectorType(ir.FloatType(), 8)
+                consts.append([builder.load(builder.bitcast(builder.gep(arr.data, [at]),
+                                                            t.as_pointer()), align=4)
+                               for arr, t in ((bias_arr, bias_t),
+                                              (mult_arr, ir.VectorType(ir.FloatType(), 8)))])
+            v8 = ir.VectorType(ir.IntType(8), 8)
+
+            def store(r, at):
+                for j in range(2):
+                    q = _requant(builder, builder.load(accs[r][j]), *consts[j], lo_v, hi_v,
+                                 zp_v, onnx)
+                    ptr = builder.bitcast(builder.gep(at, [ir.Constant(intp, 8 * j)]),
+                                          v8.as_pointer())
+                    builder.store(builder.trunc(q, v8), ptr, align=1)
+
+            _for_rows(builder, args[6], builder.gep(out_arr.data, [args[8]]), args[9], store)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    ukernel.__name__ = f"ukernel_avx2_requant_{MR}x{NR}"
+    return intrinsic(ukernel)
+
+
 ukernel_6x16 = _make_ukernel()
+ukernel_requant_6x16 = _make_ukernel_requant()

@@ -385,11 +385,13 @@ def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
         return _with_residual(launch_portable)
     if path == "avx2":
         zeros = np.zeros(max(problem.out_channels, kernels.AVX2_MR), np.int32)
+        direct = problem.is_pointwise and groups == 1
 
         def launch_avx2(x: np.ndarray, y: np.ndarray) -> None:
             prows = kernels.panel_rows(y.shape[0], 4 * packed.kc4, get_num_threads())
             kernels.conv_avx2(x.view(np.uint8), flip, xzp_u, packed.data, geo, groups,
-                              packed.kc, packed.kc4, packed.nb, prows, zeros, *tail, y)
+                              packed.kc, packed.kc4, packed.nb, prows, direct, zeros, *tail,
+                              y)
         return _with_residual(launch_avx2)
     col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
     dense = (flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term, geo, groups,

@@ -34,7 +34,7 @@ from numba import njit, prange
 from ._amx import amx_32x32, amx_begin, amx_end
 from ._avx2 import MR as AVX2_MR
 from ._avx2 import NR as AVX2_NR
-from ._avx2 import ukernel_6x16
+from ._avx2 import ukernel_6x16, ukernel_requant_6x16
 from ._copy import copy_bytes
 from ._ir import fma32
 from ._vnni import (
@@ -545,17 +545,25 @@ def conv_amx(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, 
 
 
 @njit(parallel=True, cache=True)
-def conv_avx2(x, flip, xzp, wp, geo, groups, kc, kc2, nb, prows, zeros, mode, mult,
-              bias_f, bias_i, zp, lo, hi, out):
+def conv_avx2(x, flip, xzp, wp, geo, groups, kc, kc2, nb, prows, direct, zeros, mode,
+              mult, bias_f, bias_i, zp, lo, hi, out):
     """Any grouped conv on AVX2: panels of ``prows`` rows gathered as int16 differences
-    ``x - xzp`` (K zero-padded to ``2 * kc2``), times ``wp (g, nb, kc2, 16, 2)`` int16
-    ``w - wzp`` in 6 x 16 tiles, requantized from the tile (``zeros``: int32 zeros, one
-    per row of a panel and per output channel: no zero-point terms remain)."""
+    ``x - xzp`` (K zero-padded to ``2 * kc2``; ``direct``: a pointwise conv whose row m
+    is x's pixel m), times ``wp (g, nb, kc2, 16, 2)`` int16 ``w - wzp`` in 6 x 16
+    tiles, requantized in the micro-kernel's registers (whole tiles to 8 bits), else
+    from the tile in memory (``zeros``: int32 zeros, one per row of a tile and per
+    output channel: no zero-point terms remain)."""
     m_total = out.shape[0]
     og = out.shape[1] // groups
     cg = x.shape[4] // groups
     lda = 2 * kc2
     npanel = (m_total + prows - 1) // prows
+    xflat = x.reshape(-1)
+    xz16, flip8 = np.int16(xzp), np.uint8(flip)
+    # whole 16-channel tiles of 8-bit rows requantize in the micro-kernel's registers
+    vector_store = mode != 2 and out.itemsize == 1 and out.strides[1] == 1
+    ldo = out.strides[0]
+    flo, fhi, fzp = np.float64(lo), np.float64(hi), np.float64(zp)
     for t in prange(npanel * groups):
         p, g = t // groups, t % groups
         buf = np.empty(kc, np.uint8)
@@ -564,17 +572,31 @@ def conv_avx2(x, flip, xzp, wp, geo, groups, kc, kc2, nb, prows, zeros, mode, mu
         m0 = p * prows
         rows = min(prows, m_total - m0)
         for r in range(rows):
-            _gather_u8(x, m0 + r, g, cg, geo, xzp ^ flip, buf, 0)
             at = r * lda
+            if direct:
+                src = (m0 + r) * kc
+                for k in range(kc):
+                    a[np.uintp(at + k)] = np.int16(xflat[np.uintp(src + k)] ^ flip8) - xz16
+                continue
+            _gather_u8(x, m0 + r, g, cg, geo, xzp ^ flip, buf, 0)
             for k in range(kc):
-                a[np.uintp(at + k)] = np.int16(buf[k] ^ flip) - np.int16(xzp)
+                a[np.uintp(at + k)] = np.int16(buf[k] ^ flip8) - xz16
         for b in range(nb):
             o0 = g * og + b * AVX2_NR
             ncol = min(AVX2_NR, og - b * AVX2_NR)
+            b_off = ((g * nb + b) * kc2) * 2 * AVX2_NR
             for r0 in range(0, rows, AVX2_MR):
                 mr = min(AVX2_MR, rows - r0)
-                ukernel_6x16(a, r0 * lda, lda, wp, ((g * nb + b) * kc2) * 2 * AVX2_NR, kc2,
-                             mr, tile, 0, NR)
+                if vector_store and ncol == AVX2_NR:
+                    at = (m0 + r0) * ldo + o0
+                    if mode == 0:
+                        ukernel_requant_6x16(a, r0 * lda, lda, wp, b_off, kc2, mr, out, at,
+                                             ldo, bias_f, mult, o0, flo, fhi, fzp)
+                    else:
+                        ukernel_requant_6x16(a, r0 * lda, lda, wp, b_off, kc2, mr, out, at,
+                                             ldo, bias_i, mult, o0, flo, fhi, fzp)
+                    continue
+                ukernel_6x16(a, r0 * lda, lda, wp, b_off, kc2, mr, tile, 0, NR)
                 _store_tile(tile, mr, ncol, m0 + r0, o0, zeros, 0, zeros, zeros, mode, mult,
                             bias_f, bias_i, zp, lo, hi, out)
 
