@@ -202,15 +202,17 @@ def _block_intrinsic(  # noqa: PLR0913
                 ptr = at(y_ptr, builder.add(yo_v, builder.mul(ir.Constant(it, b), c_v)), v)
                 if epilogue:
                     acc = finish(acc, v)
-                if not streaming:
-                    builder.call(store, [acc, ptr, align, masks[v]])
-                    continue
+                # masked stores only for a partial vector: AMD's vmaskmovps store is
+                # microcoded (Zen 3, 56x56x144 single-threaded: 0.60 -> 0.44 ms)
                 full = builder.icmp_signed(">=", valid_v, ir.Constant(it, (v + 1) * lanes))
-                with builder.if_else(full) as (whole, part):
+                with builder.if_else(full, likely=True) as (whole, part):
                     with whole:
-                        builder.store(acc, ptr, align=VECTOR_BYTES).set_metadata(
-                            "nontemporal", builder.module.add_metadata([
-                                ir.Constant(ir.IntType(32), 1)]))
+                        if streaming:
+                            builder.store(acc, ptr, align=VECTOR_BYTES).set_metadata(
+                                "nontemporal", builder.module.add_metadata([
+                                    ir.Constant(ir.IntType(32), 1)]))
+                        else:
+                            builder.store(acc, ptr, align=align.constant)
                     with part:
                         builder.call(store, [acc, ptr, align, masks[v]])
         return context.get_dummy_value()
