@@ -305,9 +305,6 @@ def _store_fence(typingctx):
     return types.void(), codegen
 
 
-_ALIGN = memory.ALIGN
-
-
 @njit(nogil=True)
 def _cache_line_aligned(raw, n, h, w, c):
     """An uninitialised (n, h, w, c) array starting on a 64-byte cache line
@@ -317,10 +314,10 @@ def _cache_line_aligned(raw, n, h, w, c):
     ``raw`` if it is long enough (an :func:`output_buffer`), else of a buffer allocated
     here."""
     total = n * h * w * c
-    spare = _ALIGN // raw.itemsize
+    spare = memory.ALIGN // raw.itemsize
     if raw.shape[0] < total + spare:
         raw = np.empty(total + spare, raw.dtype)
-    start = (-raw.ctypes.data % _ALIGN) // raw.itemsize
+    start = (-raw.ctypes.data % memory.ALIGN) // raw.itemsize
     return raw[start:start + total].reshape((n, h, w, c))
 
 
@@ -330,7 +327,7 @@ def output_buffer(count: int, dtype: np.dtype) -> np.ndarray:
     (a fresh 38.5 MB output took 9,409 page faults to fill, 16.5 ms single-threaded),
     else empty (the kernel allocates y)."""
     if count * dtype.itemsize >= memory.MIN_BYTES:
-        return memory.empty(count + _ALIGN // dtype.itemsize, dtype)
+        return memory.empty(count + memory.ALIGN // dtype.itemsize, dtype)
     empty = _NO_BUFFER.get(dtype)
     if empty is None:  # one shared empty array per dtype: the kernels only read its length
         empty = _NO_BUFFER[dtype] = np.empty(0, dtype)

@@ -24,7 +24,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..algorithms._fma import row_pointers
+from ..algorithms._fma import row_pointers, splat
 
 MR = 6  # rows (output pixels) per tile
 NR = 16  # columns (output channels) per tile: two ymm of int32
@@ -47,8 +47,6 @@ def _tile(context, builder, signature, args) -> list[list[ir.Value]]:
     b0 = builder.bitcast(builder.gep(b_arr.data, [b_off_v]), _W16.as_pointer())
     accs = [[cgutils.alloca_once_value(builder, ir.Constant(_V8, None)) for _ in range(2)]
             for _ in range(MR)]
-    undef = ir.Constant(_V8, ir.Undefined)
-    lanes = ir.Constant(_V8, None)
     with cgutils.for_range(builder, kc2_v) as loop:
         k = loop.index
         wv = [builder.load(builder.gep(b0, [builder.add(builder.mul(k, ir.Constant(intp, 2)),
@@ -56,8 +54,7 @@ def _tile(context, builder, signature, args) -> list[list[ir.Value]]:
               for j in range(2)]
         for r in range(MR):
             pair = builder.load(builder.gep(rows[r], [k]), align=2)
-            first = builder.insert_element(undef, pair, ir.Constant(_I32, 0))
-            av = builder.bitcast(builder.shuffle_vector(first, undef, lanes), _W16)
+            av = builder.bitcast(splat(builder, pair, _V8), _W16)
             for j in range(2):
                 acc = accs[r][j]
                 builder.store(builder.add(builder.load(acc), builder.call(pmadd, [av, wv[j]])),
@@ -100,38 +97,29 @@ def _make_ukernel() -> Any:
 
 def _requant(builder, acc, bias, mult, lo, hi, zp, onnx: bool) -> ir.Value:
     """One <8 x i32> of accumulators requantized as ``kernels._epilogue`` does, to
-    <8 x i32> values inside [lo, hi]. PyTorch's (``onnx`` False: float32 ``bias``
-    and ``mult``): ``clamp(rint((f32(acc) + bias) * mult), lo - zp, hi - zp) + zp``,
-    equal to ``_epilogue``'s clamp after ``+ zp`` (rint is monotonic and fixes the
-    integer bounds). ONNX's (int32 ``bias``): ``rint(clamp(f64(acc + bias) * f64(mult)
-    + zp, lo, hi))`` in float64 lanes. No multiply-add is fused (separate roundings)."""
+    <8 x i32> values inside [lo, hi]. PyTorch's (``onnx`` False: float32 ``bias``,
+    ``mult``, ``lo``, ``hi``, ``zp``): ``clamp(rint((f32(acc) + bias) * mult), lo - zp,
+    hi - zp) + zp``, equal to ``_epilogue``'s clamp after ``+ zp`` (rint is monotonic
+    and fixes the integer bounds). ONNX's (int32 ``bias``, float64 ``lo``, ``hi``,
+    ``zp``): ``rint(clamp(f64(acc + bias) * f64(mult) + zp, lo, hi))`` in float64
+    lanes. No multiply-add is fused (separate roundings)."""
     if onnx:
         vd = ir.VectorType(ir.DoubleType(), 8)
         v = builder.fadd(builder.fmul(builder.sitofp(builder.add(acc, bias), vd),
-                                      builder.fpext(mult, vd)), _splat(builder, zp, vd))
-        v = builder.select(builder.fcmp_ordered(">", v, _splat(builder, lo, vd)), v,
-                           _splat(builder, lo, vd))
-        v = builder.select(builder.fcmp_ordered("<", v, _splat(builder, hi, vd)), v,
-                           _splat(builder, hi, vd))
-        return builder.fptosi(_rint(builder, v), _V8)
+                                      builder.fpext(mult, vd)), splat(builder, zp, vd))
+        return builder.fptosi(_rint(builder, _clamp(builder, v, lo, hi)), _V8)
     vf = ir.VectorType(ir.FloatType(), 8)
     v = builder.fmul(builder.fadd(builder.sitofp(acc, vf), bias), mult)
-    low, high = builder.fsub(lo, zp), builder.fsub(hi, zp)
-    v = builder.select(builder.fcmp_ordered(">", v, _splat(builder, low, vf)), v,
-                       _splat(builder, low, vf))
-    v = builder.select(builder.fcmp_ordered("<", v, _splat(builder, high, vf)), v,
-                       _splat(builder, high, vf))
+    v = _clamp(builder, v, builder.fsub(lo, zp), builder.fsub(hi, zp))
     q = builder.fptosi(_rint(builder, v), _V8)
-    return builder.add(q, _splat(builder, builder.fptosi(zp, _I32), _V8))
+    return builder.add(q, splat(builder, builder.fptosi(zp, _I32), _V8))
 
 
-def _splat(builder, value: ir.Value, vec: ir.VectorType) -> ir.Value:
-    if value.type != vec.element:
-        value = (builder.fpext(value, vec.element) if isinstance(vec.element, ir.DoubleType)
-                 else builder.fptrunc(value, vec.element))
-    undef = ir.Constant(vec, ir.Undefined)
-    first = builder.insert_element(undef, value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(first, undef, ir.Constant(_V8, None))
+def _clamp(builder, v: ir.Value, lo: ir.Value, hi: ir.Value) -> ir.Value:
+    """``v`` clamped lane by lane to the scalars [lo, hi] (ordered compares)."""
+    low, high = splat(builder, lo, v.type), splat(builder, hi, v.type)
+    v = builder.select(builder.fcmp_ordered(">", v, low), v, low)
+    return builder.select(builder.fcmp_ordered("<", v, high), v, high)
 
 
 def _rint(builder, v: ir.Value) -> ir.Value:

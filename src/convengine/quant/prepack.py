@@ -71,20 +71,28 @@ def pack(w: np.ndarray, wzp: np.ndarray, groups: int, path: str) -> Packed:
     if path == "portable":
         diff = (mat.astype(np.int16) - zs.astype(np.int16)[:, None]).copy()
         return Packed(diff, zs, col_sum, kc, 0, 0)
-    if path == "avx2":  # (g, O/16, Kc/2, 16, 2) int16 differences, zero-padded
-        og, kc2, nb = o // groups, -(-kc // 2), -(-(o // groups) // AVX2_NR)
-        diff = (mat.astype(np.int16) - zs.astype(np.int16)[:, None]).reshape(groups, og, kc)
-        padded = np.zeros((groups, nb * AVX2_NR, kc2 * 2), np.int16)
-        padded[:, :og, :kc] = diff
-        data = padded.reshape(groups, nb, AVX2_NR, kc2, 2).transpose(0, 1, 3, 2, 4)
-        return Packed(np.ascontiguousarray(data).ravel(), zs, col_sum, kc, kc2, nb)
-    og = o // groups
+    if path == "avx2":  # int16 differences in pairs
+        kc2 = -(-kc // 2)
+        diff = mat.astype(np.int16) - zs.astype(np.int16)[:, None]
+        data, nb = _panels(diff, groups, AVX2_NR, kc2, 2)
+        return Packed(data, zs, col_sum, kc, kc2, nb)
     kc4 = -(-kc // 64) * 16 if path == "amx" else -(-kc // 4)
-    nb = -(-og // NR)
-    padded = np.zeros((groups, nb * NR, kc4 * 4), np.int8)
+    data, nb = _panels(mat, groups, NR, kc4, 4)
+    return Packed(data, zs, col_sum, kc, kc4, nb)
+
+
+def _panels(mat: np.ndarray, groups: int, nr: int, k_steps: int, k_group: int
+            ) -> tuple[np.ndarray, int]:
+    """``mat (O, Kc)`` as the flat ``(g, nb, k_steps, nr, k_group)`` panels of the
+    micro-kernels, zero-padded to ``nb * nr`` columns per group and ``k_steps *
+    k_group`` reduction values; and ``nb``."""
+    o, kc = mat.shape
+    og = o // groups
+    nb = -(-og // nr)
+    padded = np.zeros((groups, nb * nr, k_steps * k_group), mat.dtype)
     padded[:, :og, :kc] = mat.reshape(groups, og, kc)
-    data = padded.reshape(groups, nb, NR, kc4, 4).transpose(0, 1, 3, 2, 4)
-    return Packed(np.ascontiguousarray(data).ravel(), zs, col_sum, kc, kc4, nb)
+    data = padded.reshape(groups, nb, nr, k_steps, k_group).transpose(0, 1, 3, 2, 4)
+    return np.ascontiguousarray(data).ravel(), nb
 
 
 @njit(cache=True)
