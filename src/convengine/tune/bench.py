@@ -6,7 +6,10 @@ problem alone, so the tuner needs no kernel internals: only ``Algorithm.run``,
 compilation, first-touch), its output is checked (shape, finite, agreement with
 the other candidates' consensus), then rounds run interleaved (A B C A B C ...) and a
 candidate whose median is over ``ELIMINATE`` times the best is dropped (after the
-first round, only over ``ELIMINATE_FIRST``); timing stops when one is left.
+first round, only over ``ELIMINATE_FIRST``); timing stops when one is left. The
+heuristic's pick (``keep``) is never dropped: it runs every round, so that one slow
+run (measured here: 139 ms for a 2 ms stem, a first timed run) cannot hand its place
+to a slower candidate, which :func:`decide` would then have to take.
 ``reference`` (the float64 oracle, never the fastest where another serves) is not
 timed when another candidate serves.
 
@@ -100,8 +103,10 @@ def _disagreements(
     }
 
 
-def benchmark(problem: ConvProblem, candidates: Sequence[Algorithm]) -> dict[str, Result]:
-    """Warm up, check and time each candidate; one :data:`Result` per name."""
+def benchmark(problem: ConvProblem, candidates: Sequence[Algorithm],
+              keep: str | None = None) -> dict[str, Result]:
+    """Warm up, check and time each candidate; one :data:`Result` per name. ``keep``
+    (the heuristic's pick) is timed every round, never eliminated."""
     a, b = operands(problem)
     results: dict[str, Result] = {}
     outputs: dict[str, np.ndarray] = {}
@@ -138,10 +143,10 @@ def benchmark(problem: ConvProblem, candidates: Sequence[Algorithm]) -> dict[str
         if alive:
             best = min(median(times[c.name]) for c in alive)
             limit = (ELIMINATE_FIRST if rounds == 1 else ELIMINATE) * best
-            slow = {c.name for c in alive if median(times[c.name]) > limit}
+            slow = {c.name for c in alive if median(times[c.name]) > limit and c.name != keep}
             eliminated |= slow
             alive = [c for c in alive if c.name not in slow]
-        if len(alive) <= 1:
+        if len(alive) <= 1 and rounds >= MIN_ROUNDS:
             break  # nothing left to compare
     others = _others_share(host_before, _cpu_seconds())
     for name, ts in times.items():

@@ -156,10 +156,12 @@ def version() -> str:
 
 @functools.cache
 def code_digest() -> str:
-    """A digest of the algorithms' modules and the threading layer, read once per
-    process: results timed on other kernels are not taken."""
+    """A digest of the algorithms' modules, the threading layer and the benchmark
+    loop, read once per process: results timed on other kernels, or by another
+    measuring procedure, are not taken."""
     package = Path(__file__).resolve().parent.parent
-    files = sorted((package / "algorithms").glob("*.py")) + [package / "threads.py"]
+    files = sorted((package / "algorithms").glob("*.py")) + [package / "threads.py",
+                                                            package / "tune" / "bench.py"]
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())

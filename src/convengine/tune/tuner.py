@@ -136,13 +136,14 @@ def tune_problem(problem: ConvProblem, *, force: bool = False) -> TuneResult:
             return TuneResult(problem, key[0], cached.name, entry.results, "cache")
         candidates = [a for a in registry.all_for(problem.pass_)
                       if a.supports(problem) is None and exactness.eligible(a, problem)]
-        results = bench.benchmark(problem, bench.timed_candidates(candidates))
+        from ..select import heuristic  # select imports this module
+
+        default = heuristic(problem).name
+        results = bench.benchmark(problem, bench.timed_candidates(candidates), keep=default)
         ranked = bench.rank(results, _accuracy(problem.pass_))
         if not ranked:
             return TuneResult(problem, key[0], None, results, "tuned")
-        from ..select import heuristic  # select imports this module
-
-        choice, why = bench.decide(results, ranked, heuristic(problem).name)
+        choice, why = bench.decide(results, ranked, default)
         if why == "noisy":
             _noisy[key] = choice
             return TuneResult(problem, key[0], choice, results, "noisy", why)
