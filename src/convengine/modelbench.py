@@ -4,7 +4,14 @@ Each side runs in a process of its own, started fresh with the environment the u
 has (nothing exported, nothing pinned): ``torch`` is PyTorch eager alone (convengine
 never imported), ``ours`` is the same PyTorch program with its convs on convengine.
 The parent drives both, one pass at a time, interleaved (torch, ours, torch, ...), and
-keeps the median of each; both sides use ``--threads`` threads (2). Ratios are
+keeps the median of each; both sides use ``--threads`` threads (2). Before each timed
+pass the host idles ``--settle`` seconds (0.2): after a pass, each side's OpenMP
+workers spin for milliseconds (GNU OpenMP's default policy, PyTorch's and
+convengine's alike), and without the pause every pass would start against the other
+process's spinning threads, which no user running one of the two ever sees
+(measured 2026-12-01 on an EPYC Zen 4, FX-quantized ResNet-50 at batch 1: PyTorch
+14-16 ms and convengine 14-15 ms a pass alone in a process, with 0-100 ms of idle
+between passes; 22.9 and 23.5 ms alternating without the pause). Ratios are
 ``torch / ours`` (above 1: convengine is faster). Outputs of the two sides are
 compared (max |difference| over max |torch|).
 
@@ -315,6 +322,7 @@ def _pair(model: str, batch: int, fmt: str, mode: str, args: argparse.Namespace)
         times: dict[str, list[float]] = {"torch": [], "ours": []}
         for _ in range(args.rounds):
             for s in sides:
+                time.sleep(args.settle)  # the other side's OpenMP workers stop spinning
                 times[s.name].append(s.ask(op="run")["seconds"])
         with tempfile.TemporaryDirectory() as tmp:
             outs = {s.name: np.load(s.ask(op="save", path=f"{tmp}/{s.name}.npy")["saved"])
@@ -360,6 +368,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--modes", default="infer,fused,train,int8,numpy")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--settle", type=float, default=0.2,
+                   help="seconds of idle before each timed pass (see the module doc)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     started = datetime.now(timezone.utc)
