@@ -43,14 +43,22 @@ def attributes(node: onnx.NodeProto) -> dict[str, Any]:
     return attrs
 
 
+# the axis orders of to_last / to_first per rank: a transpose by a ready tuple costs
+# 0.2 us where np.moveaxis, which normalises its axes on every call, costs 3
+_LAST = {nd: (0, *range(2, nd), 1) for nd in range(2, 8)}
+_FIRST = {nd: (0, nd - 1, *range(1, nd - 1)) for nd in range(2, 8)}
+
+
 def to_last(x: Array) -> Array:
     """(N, C, *S) -> (N, *S, C) view."""
-    return np.moveaxis(x, 1, -1)
+    order = _LAST.get(x.ndim)
+    return np.moveaxis(x, 1, -1) if order is None else x.transpose(order)
 
 
 def to_first(y: Array) -> Array:
     """(N, *S, C) -> (N, C, *S) view."""
-    return np.moveaxis(y, -1, 1)
+    order = _FIRST.get(y.ndim)
+    return np.moveaxis(y, -1, 1) if order is None else y.transpose(order)
 
 
 def is_channels_last(x: Array) -> bool:

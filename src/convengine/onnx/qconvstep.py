@@ -22,9 +22,6 @@ from .ops import Array, to_first, to_last
 from .qops import MICROSOFT_OPS, qlinear_add_params
 
 QAdd = tuple[bool, list[Array]]  # (conv's result is A, [a_s, a_zp, b_s, b_zp, c_s, c_zp])
-# axes of to_last / to_first by rank (NC(D)HW <-> N(D)HWC views)
-_LAST = {nd: (0, *range(2, nd), 1) for nd in (3, 4, 5)}
-_FIRST = {nd: (0, nd - 1, *range(1, nd - 1)) for nd in (3, 4, 5)}
 
 
 class QConvStep:
@@ -51,8 +48,7 @@ class QConvStep:
         self._launches: dict[tuple[Any, ...], tuple[qapi.Plan, qapi.Launch]] = {}
 
     def __call__(self, x: Array, other: Array | None = None) -> Array:
-        nd = x.ndim
-        xl = x.transpose(_LAST[nd])  # (np.moveaxis costs 2 us a call)
+        xl = to_last(x)
         key = (xl.shape, xl.dtype, get_num_threads(), cpu.int8_path())
         found = self._launches.get(key)
         if found is None:
@@ -68,7 +64,7 @@ class QConvStep:
         if self.add is None:
             if y.size:
                 launch(xc, y)
-            return y.reshape(shape).transpose(_FIRST[nd])
+            return to_first(y.reshape(shape))
         assert other is not None
         ol = to_last(np.asarray(other))
         if ol.shape != shape or ol.dtype.itemsize != 1:  # broadcasting: the add apart
@@ -79,7 +75,7 @@ class QConvStep:
             ra, rb, fixed = map(float, self._add_params)
             launch(xc, y, qapi.residual(np.ascontiguousarray(ol).reshape(rows, -1), self.add[0],
                                         ra, rb, fixed, plan.out_dtype))
-        return y.reshape(shape).transpose(_FIRST[nd])
+        return to_first(y.reshape(shape))
 
     def _add_apart(self, y: Array, other: Array) -> Array:
         """QLinearAdd of y and ``other`` by the operator itself."""
