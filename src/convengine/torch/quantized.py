@@ -314,8 +314,8 @@ def _fuse_clamps(model: torch.fx.GraphModule) -> None:
     scale and zero point, and the fusion is made only where that is a clamp."""
     changed = False
     for node in list(model.graph.nodes):
-        if node.op != "call_module" or not isinstance(model.get_submodule(str(node.target)),
-                                                       _CLAMPS):
+        act = model.get_submodule(str(node.target)) if node.op == "call_module" else None
+        if not isinstance(act, _CLAMPS):
             continue
         conv_node = node.args[0] if len(node.args) == 1 and not node.kwargs else None
         if not isinstance(conv_node, torch.fx.Node) or conv_node.op != "call_module" \
@@ -324,7 +324,7 @@ def _fuse_clamps(model: torch.fx.GraphModule) -> None:
         conv = model.get_submodule(str(conv_node.target))
         if not isinstance(conv, QConv2d) or conv.clamps is not None:
             continue
-        clamps = _as_clamps(model.get_submodule(str(node.target)), conv)
+        clamps = _as_clamps(act, conv)
         if clamps is None:
             continue
         conv.clamps = clamps
