@@ -599,6 +599,36 @@ def test_qdq_add_pool_reshape_run_in_int8_like_onnxruntime():
     assert_same(session.run(None, {"a": a, "b": b}), expected)
 
 
+@pytest.mark.parametrize("trans_b", [1, 0], ids=["transB", "plain_B"])
+def test_qdq_gemm_with_per_column_weights_runs_as_qgemm_like_onnxruntime(trans_b):
+    """DQ(A) -> Gemm(DQ(B), DQ(C)) -> Q with B quantized per output column (as
+    ``quantize_static(per_channel=True)`` writes a classifier: the scale along B's N
+    axis, the int32 bias at ``a_s * b_s``) runs as an int8 QGemm, as ONNX Runtime
+    fuses it, and gives ONNX Runtime's bytes."""
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(7 + trans_b)
+    m, k, n = 3, 96, 40
+    a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+    b = rng.integers(*INT8_WEIGHTS, (n, k) if trans_b else (k, n)).astype(np.int8)
+    a_s, b_s = np.float32(0.02), rng.uniform(2e-3, 6e-3, n).astype(np.float32)
+    q = {"as": a_s, "az": np.uint8(121), "b": b, "bs": b_s, "bz": np.zeros(n, np.int8),
+         "c": rng.integers(-3000, 3000, n).astype(np.int32), "cs": a_s * b_s,
+         "cz": np.zeros(n, np.int32), "ys": np.float32(0.17), "yz": np.uint8(113)}
+    nodes = [helper.make_node("DequantizeLinear", ["a", "as", "az"], ["af"]),
+             helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bf"],
+                              axis=0 if trans_b else 1),
+             helper.make_node("DequantizeLinear", ["c", "cs", "cz"], ["cf"], axis=0),
+             helper.make_node("Gemm", ["af", "bf", "cf"], ["g"], transB=trans_b),
+             helper.make_node("QuantizeLinear", ["g", "ys", "yz"], ["y"])]
+    model = _model(nodes, {"a": a}, ["y"], q)
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.UINT8
+    session = ceo.Session(model)
+    assert [n.op_type for n in session._nodes] == ["QGemm"]
+    expected = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, {"a": a})
+    assert_same(session.run(None, {"a": a}), expected)
+
+
 def _qconv_node(name, x, c, o, k, dtype, rng, inits):
     """A QLinearConv ``name`` of x (C channels, scale ``xs``, zero point ``xz``) to o
     channels, k x k ("same" padding), per-channel int8 weights, int32 bias, output

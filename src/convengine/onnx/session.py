@@ -354,10 +354,19 @@ class Session:
         c = self._consts
         dropped: set[int] = set()
 
-        def params(dq: _Node | None) -> list[str] | None:
+        def params(dq: _Node | None, per_axis: tuple[int, int] | None = None
+                   ) -> list[str] | None:
+            """The DQ / Q node's inputs when its scale and zero point are per-tensor
+            constants, or, with ``per_axis`` (axis, size), constants of that size along
+            that axis of a 2-D tensor (a Gemm's per-column weights)."""
             if dq is None or dq.op_type not in ("DequantizeLinear", "QuantizeLinear") or \
-                    len(dq.inputs) < 3 or any(n not in c or c[n].size != 1
-                                              for n in dq.inputs[1:3]):
+                    len(dq.inputs) < 3 or any(n not in c for n in dq.inputs[1:3]):
+                return None
+            sizes = {c[n].size for n in dq.inputs[1:3]}
+            if sizes == {1}:
+                return dq.inputs[:3]
+            if per_axis is None or sizes != {per_axis[1]} or \
+                    int(dq.attrs.get("axis", 1)) % 2 != per_axis[0]:
                 return None
             return dq.inputs[:3]
 
@@ -373,6 +382,8 @@ class Session:
                    for d in dqs]
             if q is None or qp is None or not ins or ins[0] is None:
                 continue
+            if node.op_type == "Gemm" and len(ins) >= 2 and ins[1] is None:
+                ins[1] = self._gemm_weight_params(node, dqs[1], params)
             op, domain, inputs, attrs = "", "com.microsoft", [], {}
             if node.op_type == "Add" and len(ins) == 2 and ins[1] is not None:
                 op, inputs = "QLinearAdd", [*ins[0], *ins[1], *qp[1:]]
@@ -391,7 +402,9 @@ class Session:
                     assert b_dq is not None
                     b_q = c.get(b_dq.inputs[0])
                     expected = np.float32(c[ins[0][1]]) * np.float32(c[ins[1][1]])
+                    b_zp = c.get(b_dq.inputs[2]) if len(b_dq.inputs) > 2 else None
                     if b_q is None or b_q.dtype != np.int32 or len(b_dq.inputs) < 2 or \
+                            (b_zp is not None and np.any(b_zp)) or \
                             b_dq.inputs[1] not in c or not np.allclose(
                                 c[b_dq.inputs[1]], expected, rtol=1e-6, atol=0):
                         continue
@@ -404,6 +417,19 @@ class Session:
             nodes[nodes.index(q)] = _Node(node.name, op, domain, inputs, list(q.outputs), attrs)
             dropped.add(id(node))
         return [n for n in nodes if id(n) not in dropped]
+
+    def _gemm_weight_params(self, gemm: _Node, dq: _Node | None,
+                            params: Callable[..., list[str] | None]) -> list[str] | None:
+        """A QDQ Gemm's B dequantized per output column (``quantize_static``'s
+        per-channel weights: scale and zero point along B's N axis, axis 0 of B when
+        ``transB``, else 1), as QGemm takes it; None if it is not."""
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.inputs[0] not in self._consts:
+            return None
+        b = self._consts[dq.inputs[0]]
+        if b.ndim != 2:
+            return None
+        axis = 0 if int(gemm.attrs.get("transB", 0)) else 1
+        return params(dq, (axis, b.shape[axis]))
 
     def _fuse_qlinear_adds(self, nodes: list[_Node]) -> list[_Node]:
         """QLinearConv -> QLinearAdd  ==>  the conv with the add in its kernel
