@@ -95,6 +95,88 @@ def test_qlinearconv_ties():
     assert got[0, 0, 0, 1] == np.rint(-127 * 0.5) + 128  # -63.5 -> -64
 
 
+@pytest.mark.parametrize("scales", ["power_of_two", "random"])
+@pytest.mark.parametrize("kind", ["1x1", "3x3", "depthwise"])
+def test_qlinearconv_kernels_round_ties_and_near_ties_as_float64(kind, scales):
+    """The vector kernels requantize in float32 and recompute in float64 any vector
+    with a lane near a tie: with power-of-two multipliers many values are exact ties
+    (k + 1/2, rounded to even), with random ones some fall within float32's error of
+    one; every value equals onnx.reference's float64 rounding."""
+    rng = np.random.default_rng(len(kind) * 7 + len(scales))
+    c, o, k, g = {"1x1": (32, 80, 1, 1), "3x3": (16, 64, 3, 1),
+                  "depthwise": (64, 64, 3, 64)}[kind]
+    x = rng.integers(0, 256, (2, c, 12, 12)).astype(np.uint8)
+    w = rng.integers(-128, 128, (o, c // g, k, k)).astype(np.int8)
+    if scales == "power_of_two":
+        ws = (2.0 ** -rng.integers(6, 11, o)).astype(np.float32)
+        xs, ys = np.array(0.5, np.float32), np.array(1.0, np.float32)
+    else:
+        ws = rng.uniform(1e-3, 2e-2, o).astype(np.float32)
+        xs, ys = np.array(0.05, np.float32), np.array(rng.uniform(0.5, 2.0), np.float32)
+    xzp, wzp, yzp = np.array(3, np.uint8), np.zeros(o, np.int8), np.array(128, np.uint8)
+    bias = rng.integers(-2000, 2000, o).astype(np.int32)
+    attrs = dict(pads=[k // 2] * 4, group=g)
+    want = _run("QLinearConv", [x, xs, xzp, w, ws, wzp, ys, yzp, bias], attrs,
+                TensorProto.UINT8)
+    got = qconv(x, xs, xzp, w, ws, wzp, bias, out_scale=ys, out_zero_point=yzp,
+                bias_mode="int32", padding=k // 2, groups=g)
+    assert_equal_q(got, want, f"{kind} {scales}")
+    if scales == "power_of_two":  # the test holds ties to round
+        acc = qconv(x, xs, xzp, w, ws, wzp, bias, out_dtype=np.int32, bias_mode="int32",
+                    padding=k // 2, groups=g).astype(np.float64)
+        mult = (np.float32(xs) * ws / np.float32(ys)).astype(np.float64).reshape(1, -1, 1, 1)
+        scaled = acc * mult
+        assert np.count_nonzero(scaled - np.floor(scaled) == 0.5) > 20
+
+
+def _near_ties(count, rng):
+    """``count`` (multiplier float32, int32 bias, uint8 x) with ``(x + bias) * mult``
+    within 2**-18 of a half-integer in [1, 254] but not on it: float32 (ulp 2**-16
+    there) rounds such a value onto the tie, float64 keeps its side."""
+    found = []
+    while len(found) < count:
+        m = rng.uniform(1e-3, 4e-3, 4096).astype(np.float32)
+        b = np.rint(rng.uniform(1.0, 250.0, 4096) / m).astype(np.int32)
+        x = np.arange(256)
+        v = (x[:, None] + b[None].astype(np.float64)) * m[None].astype(np.float64)
+        off = np.abs(v - np.floor(v) - 0.5)
+        i, j = np.nonzero((off > 0) & (off < 2.0 ** -18) & (v > 1) & (v < 254))
+        found += [(m[jj], b[jj], x[ii]) for ii, jj in zip(i, j, strict=True)]
+    return found[:count]
+
+
+@pytest.mark.parametrize("kind", ["1x1", "depthwise"])
+def test_qlinearconv_kernels_keep_float64s_side_of_near_ties(kind):
+    """Values that float32 would round onto a tie and then to even, where float64's
+    value lies on one side of it: every one as onnx.reference rounds it."""
+    rng = np.random.default_rng(5)
+    o = 32
+    mult, bias, xs_ = (np.array(v) for v in zip(*_near_ties(o, rng), strict=True))
+    one = np.array(1.0, np.float32)
+    if kind == "1x1":  # output channel i reads channel 0 of pixel i
+        x = rng.integers(0, 256, (1, 4, 1, o)).astype(np.uint8)
+        x[0, 0, 0] = xs_
+        w = np.zeros((o, 4, 1, 1), np.int8)
+        w[:, 0] = 1
+        g = 1
+    else:  # the centre tap of channel i
+        x = rng.integers(0, 256, (1, o, 3, 3)).astype(np.uint8)
+        x[0, :, 1, 1] = xs_
+        w = np.zeros((o, 1, 3, 3), np.int8)
+        w[:, 0, 1, 1] = 1
+        g = o
+    k = w.shape[-1]
+    xzp, wzp, yzp = np.array(0, np.uint8), np.zeros(o, np.int8), np.array(0, np.uint8)
+    want = _run("QLinearConv", [x, one, xzp, w, mult, wzp, one, yzp, bias],
+                dict(pads=[k // 2] * 4, group=g), TensorProto.UINT8)
+    got = qconv(x, one, xzp, w, mult, wzp, bias, out_scale=one, out_zero_point=yzp,
+                bias_mode="int32", padding=k // 2, groups=g)
+    assert_equal_q(got, want, kind)
+    exact = (xs_ + bias.astype(np.float64)) * mult.astype(np.float64)
+    to_even = np.rint(np.float32(exact))  # what float32 alone would give
+    assert np.count_nonzero(to_even != np.rint(exact)) > 5  # cases that tell them apart
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}d-g{c[9]}-pc{int(c[13])}")
 def test_convinteger_matches_onnx_reference(case):
     rng = np.random.default_rng(case[4] * 17 + case[3])

@@ -1,7 +1,7 @@
 """LLVM IR helpers shared by the int8 kernels' intrinsics: splats, lane masks, masked
 loads and stores of 16-lane vectors, and the requantization of int32 lanes
 (:func:`requant_codegen`: float32, ``kernels._epilogue`` mode 0;
-:func:`requant_i32_codegen`: int32 bias, float64, mode 1); :func:`fma32`, float32
+:func:`requant_i32_codegen`: int32 bias, float64's rounding, mode 1); :func:`fma32`, float32
 fused multiply-add for numba code (``llvm.fma.f32``: loops of it vectorize)."""
 
 from __future__ import annotations
@@ -74,15 +74,56 @@ def requant_codegen(builder: ir.IRBuilder, acc: ir.Value, bias: ir.Value, mult: 
     return builder.add(q, splat(builder, builder.trunc(zp, _I32), VI))
 
 
+#: the fast float32 requantization's largest distance from a tie that it trusts:
+#: its value is within 2**-11 of float64's (see :func:`requant_i32_codegen`)
+TIE_MARGIN = 2.0 ** -10
+
+
 def requant_i32_codegen(builder: ir.IRBuilder, acc: ir.Value, bias: ir.Value, mult: ir.Value,
                         qmin: ir.Value, qmax: ir.Value, zp: ir.Value) -> ir.Value:
     """ONNX QLinearConv's ``rint(clamp(f64(acc + bias) * f64(mult) + zp, lo, hi))`` in
     int32 lanes (``acc``, ``bias`` <16 x i32>, the sum wrapping as int32; ``mult``
     <16 x float>; ``qmin``/``qmax`` float32 ``lo - zp``/``hi - zp``, so ``lo`` and ``hi``
-    are rebuilt exactly), in two halves of 8 float64 lanes. Equal to ``_epilogue``'s
-    mode 1: clamping before the rounding ``vcvtpd2dq`` {rn-sae} (ties to even), as
-    there."""
+    are rebuilt exactly), equal to ``_epilogue``'s mode 1.
+
+    Computed as ``v = fma(f32(acc + bias), mult, zp)``, clamped and rounded to even
+    in float32: inside the clamp range (|v| < 2**12) v is within 2**-11 of the float64
+    value (half an ulp of v, plus at most 2**-24 relative from an accumulator beyond
+    2**24), so both round to the same integer unless v lies within
+    :data:`TIE_MARGIN` of a half-integer; beyond it both clamp. A vector with such a
+    lane (about 3% of them on random values; every exact tie) is recomputed in
+    float64 (:func:`_requant_i32_f64`)."""
     s = builder.add(acc, bias)
+    zp_f = builder.sitofp(zp, ir.FloatType())
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VF, [VF, VF, VF]),
+                                         "llvm.fma.v16f32")
+    v = builder.call(fma, [builder.sitofp(s, VF), mult, splat(builder, zp_f, VF)])
+    lo = splat(builder, builder.fadd(qmin, zp_f), VF)
+    hi = splat(builder, builder.fadd(qmax, zp_f), VF)
+    v = builder.select(builder.fcmp_ordered(">", v, lo), v, lo)
+    v = builder.select(builder.fcmp_ordered("<", v, hi), v, hi)
+    cvt = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(VI, [VF, VI, _I16, _I32]),
+        "llvm.x86.avx512.mask.cvtps2dq.512")
+    q = builder.call(cvt, [v, ir.Constant(VI, None), ir.Constant(_I16, -1),
+                           ir.Constant(_I32, 8)])
+    fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VF, [VF]),
+                                          "llvm.fabs.v16f32")
+    off = builder.call(fabs, [builder.fsub(v, builder.sitofp(q, VF))])
+    # NaN lanes (a NaN mult) are unordered: recomputed too
+    near = builder.fcmp_unordered(">=", off, ir.Constant(VF, [0.5 - TIE_MARGIN] * LANES))
+    result = cgutils.alloca_once_value(builder, q)
+    with builder.if_then(builder.icmp_unsigned("!=", builder.bitcast(near, _I16),
+                                               ir.Constant(_I16, 0)), likely=False):
+        builder.store(_requant_i32_f64(builder, s, mult, qmin, qmax, zp), result)
+    return builder.load(result)
+
+
+def _requant_i32_f64(builder: ir.IRBuilder, s: ir.Value, mult: ir.Value, qmin: ir.Value,
+                     qmax: ir.Value, zp: ir.Value) -> ir.Value:
+    """:func:`requant_i32_codegen` of ``s = acc + bias`` in two halves of 8 float64
+    lanes: clamping before the rounding ``vcvtpd2dq`` {rn-sae} (ties to even), as
+    ``_epilogue``'s mode 1."""
     zp_d = builder.sitofp(zp, ir.DoubleType())
     lo = splat(builder, builder.fadd(builder.fpext(qmin, ir.DoubleType()), zp_d), _VD8)
     hi = splat(builder, builder.fadd(builder.fpext(qmax, ir.DoubleType()), zp_d), _VD8)
