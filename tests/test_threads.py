@@ -284,3 +284,42 @@ def test_kernels_share_pytorchs_openmp_threads() -> None:
         assert theirs and ours and ours <= theirs, (theirs, ours)
     """)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_wake_after_idle_wakes_the_cores_only_after_idle(restore_threads, monkeypatch) -> None:
+    """A wake-up thread runs (and is joined) only when the last burst of kernels ended
+    IDLE_WAKE_S or more ago and kernels use more than one thread."""
+    woken: list[str] = []
+    monkeypatch.setattr(threads, "_nothing",
+                        lambda: woken.append(threading.current_thread().name))
+    ce.set_num_threads(2)
+    threads.note_active()
+    threads.wake_after_idle()
+    assert woken == []  # just active
+    monkeypatch.setattr(threads, "_last_active", threads._last_active - 2 * threads.IDLE_WAKE_S)
+    threads.wake_after_idle()
+    assert woken == ["convengine-wake"]  # joined before returning
+    ce.set_num_threads(1)
+    threads.wake_after_idle()
+    assert woken == ["convengine-wake"]  # one thread: nothing to wake
+
+
+def test_onnx_session_run_marks_its_burst(monkeypatch) -> None:
+    """Session.run wakes the cores first (after idle) and notes its end as activity."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    import convengine.onnx as ceo
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    session = ceo.Session(helper.make_model(graph))
+    calls: list[str] = []
+    monkeypatch.setattr("convengine.onnx.session.wake_after_idle",
+                        lambda: calls.append("wake"))
+    before = threads._last_active
+    (y,) = session.run(None, {"x": -np.ones((2, 3), np.float32)})
+    assert calls == ["wake"] and threads._last_active > before
+    assert not y.any()

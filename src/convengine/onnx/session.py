@@ -27,7 +27,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import ConvSetupError
-from ..threads import get_num_threads, set_num_threads
+from ..threads import get_num_threads, note_active, set_num_threads, wake_after_idle
 from .convstep import ConvStep, GemmStep, gemm_step
 from .ops import (
     OPS,
@@ -207,6 +207,7 @@ class Session:
         saved = get_num_threads() if threads is not None else None
         if threads is not None and saved != threads:
             set_num_threads(threads)
+        wake_after_idle()
         try:
             for node, frees in zip(self._nodes, self._frees, strict=True):
                 args = [self._value(env, n) if n else None for n in node.inputs]
@@ -221,6 +222,7 @@ class Session:
                 for name in frees:
                     env.pop(name, None)
         finally:
+            note_active()
             if saved is not None and saved != threads:
                 set_num_threads(saved)
         return [np.ascontiguousarray(self._value(env, n)) for n in names]
