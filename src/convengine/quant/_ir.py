@@ -62,16 +62,22 @@ def requant_codegen(builder: ir.IRBuilder, acc: ir.Value, bias: ir.Value, mult: 
     before or after it agrees, and inside the clamp range ``+ zp`` is exact.
     ``vcvtps2dq`` with {rn-sae} is rint (ties to even) and the conversion in one."""
     v = builder.fmul(builder.fadd(builder.sitofp(acc, VF), bias), mult)
-    lo = splat(builder, qmin, VF)
-    hi = splat(builder, qmax, VF)
-    v = builder.select(builder.fcmp_ordered(">", v, lo), v, lo)
-    v = builder.select(builder.fcmp_ordered("<", v, hi), v, hi)
+    _, q = _clamp_rint(builder, v, qmin, qmax)
+    return builder.add(q, splat(builder, builder.trunc(zp, _I32), VI))
+
+
+def _clamp_rint(builder: ir.IRBuilder, v: ir.Value, lo: ir.Value, hi: ir.Value
+                ) -> tuple[ir.Value, ir.Value]:
+    """float32 lanes ``v`` clamped to the scalars [lo, hi] (NaN to lo), and that rounded
+    to even into int32 lanes (``vcvtps2dq`` {rn-sae})."""
+    lo_v, hi_v = splat(builder, lo, VF), splat(builder, hi, VF)
+    v = builder.select(builder.fcmp_ordered(">", v, lo_v), v, lo_v)
+    v = builder.select(builder.fcmp_ordered("<", v, hi_v), v, hi_v)
     cvt = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(VI, [VF, VI, _I16, _I32]),
         "llvm.x86.avx512.mask.cvtps2dq.512")
-    q = builder.call(cvt, [v, ir.Constant(VI, None), ir.Constant(_I16, -1),
-                           ir.Constant(_I32, 8)])
-    return builder.add(q, splat(builder, builder.trunc(zp, _I32), VI))
+    return v, builder.call(cvt, [v, ir.Constant(VI, None), ir.Constant(_I16, -1),
+                                 ir.Constant(_I32, 8)])
 
 
 #: the fast float32 requantization's largest distance from a tie that it trusts:
@@ -98,20 +104,11 @@ def requant_i32_codegen(builder: ir.IRBuilder, acc: ir.Value, bias: ir.Value, mu
     fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VF, [VF, VF, VF]),
                                          "llvm.fma.v16f32")
     v = builder.call(fma, [builder.sitofp(s, VF), mult, splat(builder, zp_f, VF)])
-    lo = splat(builder, builder.fadd(qmin, zp_f), VF)
-    hi = splat(builder, builder.fadd(qmax, zp_f), VF)
-    v = builder.select(builder.fcmp_ordered(">", v, lo), v, lo)
-    v = builder.select(builder.fcmp_ordered("<", v, hi), v, hi)
-    cvt = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(VI, [VF, VI, _I16, _I32]),
-        "llvm.x86.avx512.mask.cvtps2dq.512")
-    q = builder.call(cvt, [v, ir.Constant(VI, None), ir.Constant(_I16, -1),
-                           ir.Constant(_I32, 8)])
+    v, q = _clamp_rint(builder, v, builder.fadd(qmin, zp_f), builder.fadd(qmax, zp_f))
     fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VF, [VF]),
                                           "llvm.fabs.v16f32")
     off = builder.call(fabs, [builder.fsub(v, builder.sitofp(q, VF))])
-    # NaN lanes (a NaN mult) are unordered: recomputed too
-    near = builder.fcmp_unordered(">=", off, ir.Constant(VF, [0.5 - TIE_MARGIN] * LANES))
+    near = builder.fcmp_ordered(">=", off, ir.Constant(VF, [0.5 - TIE_MARGIN] * LANES))
     result = cgutils.alloca_once_value(builder, q)
     with builder.if_then(builder.icmp_unsigned("!=", builder.bitcast(near, _I16),
                                                ir.Constant(_I16, 0)), likely=False):
