@@ -22,6 +22,8 @@ from .ops import Array, to_first, to_last
 from .qops import MICROSOFT_OPS, qlinear_add_params
 
 QAdd = tuple[bool, list[Array]]  # (conv's result is A, [a_s, a_zp, b_s, b_zp, c_s, c_zp])
+# (launch, allocate, (rows, O), y dtype, y's NHWC shape, x's canonical shape)
+_Bound = tuple[qapi.Launch, Any, tuple[int, int], np.dtype, tuple[int, ...], tuple[int, ...]]
 
 
 class QConvStep:
@@ -45,22 +47,18 @@ class QConvStep:
         self.add = add
         if add is not None:
             self._add_params = qlinear_add_params(*add[1])
-        self._launches: dict[tuple[Any, ...], tuple[qapi.Plan, qapi.Launch]] = {}
+        self._launches: dict[tuple[Any, ...], _Bound] = {}
 
     def __call__(self, x: Array, other: Array | None = None) -> Array:
         xl = to_last(x)
         key = (xl.shape, xl.dtype, get_num_threads(), cpu.int8_path())
-        found = self._launches.get(key)
-        if found is None:
-            found = self._launches[key] = self._bind(xl)
-        plan, launch = found
-        problem = plan.problem
-        rows = problem.batch * math.prod(problem.out_size)
-        shape = problem.y_shape("NHWC")
-        o = problem.out_channels
-        small = rows * o * plan.out_dtype.itemsize < memory.MIN_BYTES
-        y = (np.empty if small else memory.empty)((rows, o), plan.out_dtype)
-        xc = qapi._canonical(xl, problem)
+        bound = self._launches.get(key)
+        if bound is None:
+            bound = self._launches[key] = self._bind(xl)
+        launch, allocate, y_rows, y_dtype, shape, canonical = bound
+        y = allocate(y_rows, y_dtype)
+        xc = xl.reshape(canonical) if xl.flags.c_contiguous else \
+            np.ascontiguousarray(xl).reshape(canonical)
         if self.add is None:
             if y.size:
                 launch(xc, y)
@@ -73,8 +71,8 @@ class QConvStep:
             return self._add_apart(to_first(y.reshape(shape)), other)
         if y.size:
             ra, rb, fixed = map(float, self._add_params)
-            launch(xc, y, qapi.residual(np.ascontiguousarray(ol).reshape(rows, -1), self.add[0],
-                                        ra, rb, fixed, plan.out_dtype))
+            launch(xc, y, qapi.residual(np.ascontiguousarray(ol).reshape(y_rows[0], -1),
+                                        self.add[0], ra, rb, fixed, y_dtype))
         return to_first(y.reshape(shape))
 
     def _add_apart(self, y: Array, other: Array) -> Array:
@@ -84,10 +82,18 @@ class QConvStep:
         a, b = (y, other) if self.add[0] else (other, y)
         return MICROSOFT_OPS["QLinearAdd"]([a, a_s, a_zp, b, b_s, b_zp, c_s, c_zp], {})[0]
 
-    def _bind(self, xl: Array) -> tuple[qapi.Plan, qapi.Launch]:
+    def _bind(self, xl: Array) -> _Bound:
+        """Everything a call with x of ``xl``'s shape and dtype needs, worked out once:
+        the kernel's launcher, the output's allocator, its ``(rows, O)`` shape and dtype,
+        its NHWC shape and the kernel's canonical shape of x."""
         xs, xzp, ws, wzp, b, ys, yzp, odt, relu = self.params
         plan = qapi._cached_plan((xl.shape, xl.dtype, self.w_last.shape, self.w_last.dtype,
                                   xs, xzp, ws, wzp, b, ys, yzp, odt, relu, "int32",
                                   self.args["stride"], self.args["padding"],
                                   self.args["dilation"], self.args["groups"], "NHWC", "auto"))
-        return plan, qapi.bind(plan, self.w_last, xl.dtype)
+        problem = plan.problem
+        y_rows = (problem.batch * math.prod(problem.out_size), problem.out_channels)
+        small = math.prod(y_rows) * plan.out_dtype.itemsize < memory.MIN_BYTES
+        canonical = qapi._canonical(np.empty(xl.shape, xl.dtype), problem).shape
+        return (qapi.bind(plan, self.w_last, xl.dtype), np.empty if small else memory.empty,
+                y_rows, plan.out_dtype, tuple(problem.y_shape("NHWC")), canonical)
