@@ -323,3 +323,15 @@ def test_onnx_session_run_marks_its_burst(monkeypatch) -> None:
     (y,) = session.run(None, {"x": -np.ones((2, 3), np.float32)})
     assert calls == ["wake"] and threads._last_active > before
     assert not y.any()
+
+
+def test_wake_after_idle_goes_on_when_no_thread_can_start(restore_threads, monkeypatch) -> None:
+    """At interpreter shutdown (or a thread limit) Thread.start raises: the kernels run
+    without the wake-up."""
+    def refuse(self) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    ce.set_num_threads(2)
+    monkeypatch.setattr(threads, "_last_active", 0.0)
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    threads.wake_after_idle()  # no error

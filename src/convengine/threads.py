@@ -195,7 +195,10 @@ def wake_after_idle() -> None:
     if time.monotonic() - _last_active < IDLE_WAKE_S or get_num_threads() == 1:
         return
     waker = threading.Thread(target=_nothing, name="convengine-wake", daemon=True)
-    waker.start()
+    try:
+        waker.start()
+    except RuntimeError:  # no new threads (interpreter shutdown, a thread limit): go on
+        return
     waker.join()
 
 
