@@ -57,8 +57,7 @@ class QConvStep:
             bound = self._launches[key] = self._bind(xl)
         launch, allocate, y_rows, y_dtype, shape, canonical = bound
         y = allocate(y_rows, y_dtype)
-        xc = xl.reshape(canonical) if xl.flags.c_contiguous else \
-            np.ascontiguousarray(xl).reshape(canonical)
+        xc = np.ascontiguousarray(xl).reshape(canonical)
         if self.add is None:
             if y.size:
                 launch(xc, y)

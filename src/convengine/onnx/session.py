@@ -372,6 +372,16 @@ class Session:
                 return None
             return dq.inputs[:3]
 
+        def per_column(gemm: _Node, dq: _Node | None) -> list[str] | None:
+            """A QDQ Gemm's B dequantized per output column (``quantize_static``'s
+            per-channel weights: scale and zero point along B's N axis, axis 0 of B
+            when ``transB``, else 1), as QGemm takes it; None if it is not."""
+            if dq is None or dq.op_type != "DequantizeLinear" or dq.inputs[0] not in c or \
+                    c[dq.inputs[0]].ndim != 2:
+                return None
+            axis = 0 if int(gemm.attrs.get("transB", 0)) else 1
+            return params(dq, (axis, c[dq.inputs[0]].shape[axis]))
+
         for node in nodes:
             if node.op_type not in ("Add", "GlobalAveragePool", "MaxPool", "Flatten", "Reshape",
                                     "Gemm") or \
@@ -385,7 +395,7 @@ class Session:
             if q is None or qp is None or not ins or ins[0] is None:
                 continue
             if node.op_type == "Gemm" and len(ins) >= 2 and ins[1] is None:
-                ins[1] = self._gemm_weight_params(node, dqs[1], params)
+                ins[1] = per_column(node, dqs[1])
             op, domain, inputs, attrs = "", "com.microsoft", [], {}
             if node.op_type == "Add" and len(ins) == 2 and ins[1] is not None:
                 op, inputs = "QLinearAdd", [*ins[0], *ins[1], *qp[1:]]
@@ -419,19 +429,6 @@ class Session:
             nodes[nodes.index(q)] = _Node(node.name, op, domain, inputs, list(q.outputs), attrs)
             dropped.add(id(node))
         return [n for n in nodes if id(n) not in dropped]
-
-    def _gemm_weight_params(self, gemm: _Node, dq: _Node | None,
-                            params: Callable[..., list[str] | None]) -> list[str] | None:
-        """A QDQ Gemm's B dequantized per output column (``quantize_static``'s
-        per-channel weights: scale and zero point along B's N axis, axis 0 of B when
-        ``transB``, else 1), as QGemm takes it; None if it is not."""
-        if dq is None or dq.op_type != "DequantizeLinear" or dq.inputs[0] not in self._consts:
-            return None
-        b = self._consts[dq.inputs[0]]
-        if b.ndim != 2:
-            return None
-        axis = 0 if int(gemm.attrs.get("transB", 0)) else 1
-        return params(dq, (axis, b.shape[axis]))
 
     def _fuse_qlinear_adds(self, nodes: list[_Node]) -> list[_Node]:
         """QLinearConv -> QLinearAdd  ==>  the conv with the add in its kernel
