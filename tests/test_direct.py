@@ -124,6 +124,7 @@ DEPTHWISE = [
     ("c20-2x2", (1, 20, 4, 4), (2, 2), {}),
     ("c4-pad-beyond-kernel", (1, 4, 3, 4), (3, 3), dict(padding=3)),
     ("c8-3x1", (2, 8, 7, 5), (3, 1), dict(padding=(1, 0))),
+    ("c20-1x3-rows-beyond", (1, 20, 5, 9), (1, 3), dict(padding=(2, 1))),  # no tap row
     ("c64-w1", (1, 64, 6, 1), (3, 3), dict(padding=1)),
     ("c96-5x1-stride3-row", (1, 96, 1, 23), (1, 5), dict(stride=3, padding=(0, 2))),
     ("1d-c24-k9", (2, 24, 30), (9,), dict(padding=4)),

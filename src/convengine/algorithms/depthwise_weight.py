@@ -172,6 +172,7 @@ def _rows_intrinsic(kh_: int, kw_: int, sw: int, dw: int) -> Any:  # noqa: C901
                             uses.setdefault(u * sw + j * dw, []).append((i * kw_ + j, u))
                     for k in sorted(uses):
                         tap_masks = masks
+                        off = builder.add(row_off, builder.mul(const(k), cs_v))
                         if bits is not None:  # width 1: column k is tap k // dw
                             c = builder.add(col, const(k))
                             inside = builder.and_(
@@ -181,7 +182,10 @@ def _rows_intrinsic(kh_: int, kw_: int, sw: int, dw: int) -> Any:  # noqa: C901
                                                     const(0)))
                             tap_masks = [builder.select(inside, masks[v], no_lanes)
                                          for v in range(NVEC)]
-                        off = builder.add(row_off, builder.mul(const(k), cs_v))
+                            # a tap outside x is read, masked off, at x's start: see
+                            # depthwise.py (a masked load outside x can fault into a
+                            # microcode assist)
+                            off = builder.select(inside, off, const(0))
                         xs = [read(x_p, off, v, tap_masks[v]) for v in range(NVEC)]
                         for t, u in uses[k]:
                             for v in range(NVEC):
