@@ -138,12 +138,13 @@ class PreparedConv:
                 bias = np.zeros(wp.shape[0] * nr, np.float32)
                 bias[:self.bias.size] = self.bias
             y_shape = problem.y_shape("NHWC")
+            forward = blocked.bind_forward(problem, wp, bias)
 
             def run_blocked(x: np.ndarray, residual: np.ndarray | None, act: str
                             ) -> np.ndarray:
                 _check_residual(residual, y_shape)  # x of any strides: padded or copied once
                 inside = act if act in blocked.EPILOGUE_ACTIVATIONS else "none"
-                y = blocked._forward(problem, x, wp, bias, residual, inside)
+                y = forward(x, residual, inside)
                 if inside != act:  # SiLU: in a pass after
                     fused_epilogue.apply(y.reshape(-1, y.shape[-1]),
                                          np.zeros(y.shape[-1], np.float32), None, act)

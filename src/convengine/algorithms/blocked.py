@@ -20,6 +20,7 @@ spells out its vectors in the host's width (``VEC`` float32 lanes: 16 with AVX-5
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -517,34 +518,50 @@ def _workspace(problem: ConvProblem) -> int:
     return 4 * (padded + weights)
 
 
-def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray,
-             bias: np.ndarray | None = None, residual: np.ndarray | None = None,
-             activation: str = "none", *, nr: int | None = None,
-             walk: WeightWalk | None = None) -> np.ndarray:
-    """The forward conv of x (N, *S, C) by packed weights wp (:func:`pack_weight`), or
-    by weights wp laid out as ``walk`` says in panels of ``nr`` channels, over all
-    output pixels in tiles (:func:`_gather_driver`), with the inference epilogue in
-    its store: ``act(conv + bias [+ residual])``, bias (O',) float32 zero-padded to
-    the panels' channels O' (None: no bias), residual (N, *S_out, O) float32
-    C-contiguous or None, activation one of ``EPILOGUE_ACTIVATIONS``."""
-    shape = problem.y_shape("NHWC")
-    y = memory.empty(shape, np.float32)
+def bind_forward(problem: ConvProblem, wp: np.ndarray, bias: np.ndarray | None = None,
+                 *, nr: int | None = None, walk: WeightWalk | None = None
+                 ) -> Callable[[np.ndarray, np.ndarray | None, str], np.ndarray]:
+    """``run(x, residual, activation) -> y``: the forward conv of x (N, *S, C) by
+    packed weights wp (:func:`pack_weight`), or by weights wp laid out as ``walk``
+    says in panels of ``nr`` channels, over all output pixels in tiles
+    (:func:`_gather_driver`, its task split fixed for the current thread count), with
+    the inference epilogue in its store: ``act(conv + bias [+ residual])``, bias (O',)
+    float32 zero-padded to the panels' channels O' (None: no bias), residual (N,
+    *S_out, O) float32 C-contiguous or None, activation one of
+    ``EPILOGUE_ACTIVATIONS``. Everything but the call itself is worked out here, once:
+    a batch-1 network calls each conv for tens of microseconds."""
+    shape = tuple(problem.y_shape("NHWC"))
     lead = 2 - problem.ndim
-    sh, sw = (1,) * lead + problem.stride
-    dh, dw = (1,) * lead + problem.dilation
+    shape4 = (shape[0], *(1,) * lead, *shape[1:])  # y as (N, OH, OW, O)
+    strides = (1,) * lead + problem.stride + (1,) * lead + problem.dilation  # sh sw dh dw
     if walk is None:
-        nr, walk = wp.shape[-1], packed_walk(wp, dw)
+        nr, walk = wp.shape[-1], packed_walk(wp, strides[3])
     assert nr is not None
     nvec, blocks = nr // VEC, -(-shape[-1] // nr)
     if bias is None:
         bias = np.zeros(blocks * nr, np.float32)
     tiles = -(-problem.batch * math.prod(problem.out_size) // (ACCUMULATORS // nvec))
     inside = wp.nbytes <= BLOCKS_INSIDE_BYTES
-    _gather_driver(nvec)(padded_input(x, problem), wp.reshape(-1), _as2d(y, problem.ndim),
-                         bias, y if residual is None else residual, residual is not None,
-                         EPILOGUE_ACTIVATIONS.index(activation), sh, sw, dh, dw,
-                         _per_task(tiles, 1 if inside else blocks), inside, *walk)
-    return y
+    split = (_per_task(tiles, 1 if inside else blocks), inside, *walk)
+    driver, wf = _gather_driver(nvec), wp.reshape(-1)
+    ndim, padding = problem.ndim, problem.padding
+
+    def run(x: np.ndarray, residual: np.ndarray | None, activation: str) -> np.ndarray:
+        y = memory.empty(shape, np.float32)
+        y4 = y.reshape(shape4)
+        driver(pad(x, ndim, padding), wf, y4, bias, y4 if residual is None else residual,
+               residual is not None, EPILOGUE_ACTIVATIONS.index(activation), *strides,
+               *split)
+        return y
+    return run
+
+
+def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray,
+             bias: np.ndarray | None = None, residual: np.ndarray | None = None,
+             activation: str = "none", *, nr: int | None = None,
+             walk: WeightWalk | None = None) -> np.ndarray:
+    """:func:`bind_forward`'s conv, bound and run once."""
+    return bind_forward(problem, wp, bias, nr=nr, walk=walk)(x, residual, activation)
 
 
 def _per_task(tiles: int, blocks: int) -> int:

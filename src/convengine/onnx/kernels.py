@@ -126,6 +126,29 @@ def _channel_sums(x, acc):  # pragma: no cover - compiled
                 acc[n, c] += x[n, p, c]
 
 
+@njit(nogil=True, cache=True)
+def _channel_means(x, y):  # pragma: no cover - compiled
+    n_, p_, c_ = x.shape
+    acc = np.zeros(c_)
+    for n in range(n_):
+        acc[:] = 0
+        for p in range(p_):
+            for c in range(c_):
+                acc[c] += x[n, p, c]
+        for c in range(c_):
+            y[n, c] = acc[c] / p_
+
+
+def channel_means(x: np.ndarray) -> np.ndarray:
+    """x (N, P, C) C-contiguous float -> (N, C) means over P in x's dtype: summed in
+    float64, divided, then rounded once. One compiled call: inside a network, the numpy
+    steps this replaced (a product of the shape, a division, a cast) cost 80-100 us
+    right after MobileNetV2's last conv, against 3 us hot."""
+    y = np.empty((x.shape[0], x.shape[2]), x.dtype)
+    _channel_means(x, y)
+    return y
+
+
 def channel_sums(x: np.ndarray) -> np.ndarray:
     """x (N, P, C) C-contiguous -> (N, C) sums over P: int64 for integers (exact),
     float64 for floats. (numpy's sum over the middle axis of a channels-last tensor

@@ -8,6 +8,7 @@ that memory order, convs and pools read it without a copy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -386,9 +387,7 @@ def _global_average_pool(inputs: Sequence[Array | None], attrs: Mapping[str, Any
     xl = to_last(x)
     if x.ndim < 3 or not xl.flags.c_contiguous or x.dtype not in (np.float32, np.float64):
         return _mean_pool(inputs, attrs)
-    count = int(np.prod(x.shape[2:]))
-    sums = kernels.channel_sums(xl.reshape(x.shape[0], count, x.shape[1]))
-    y = (sums / count).astype(x.dtype)
+    y = kernels.channel_means(xl.reshape(x.shape[0], math.prod(x.shape[2:]), x.shape[1]))
     return [y.reshape(*y.shape, *(1,) * (x.ndim - 2))]
 
 
