@@ -143,7 +143,7 @@ def empty(shape: Sequence[int] | int, dtype: np.typing.DTypeLike = np.float32) -
         # from_buffer: ``.ctypes.data`` costs 2 us, as much as a batch-1 conv's other
         # Python, called tens of times a network pass.)
         raw = np.empty(count + ALIGN // dtype.itemsize, dtype)
-        start = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % ALIGN // dtype.itemsize
+        start = -ctypes.addressof(ctypes.c_char.from_buffer(raw.data)) % ALIGN // dtype.itemsize
         return raw[start:start + count].reshape(shape)
     if nbytes < MIN_BYTES:
         raw = np.empty(nbytes + ALIGN, np.uint8)
