@@ -9,6 +9,7 @@ Convs run channels-last through :func:`convengine.qconv`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -193,14 +194,14 @@ def _qlinear_global_average_pool(inputs: Sequence[Array | None], attrs: Mapping[
     last = int(attrs.get("channels_last", 0))
     xl = x if last else to_last(x)
     spatial = tuple(range(1, x.ndim - 1))
-    count = int(np.prod([xl.shape[i] for i in spatial]))
-    if xl.flags.c_contiguous:
-        sums = kernels.channel_sums(xl.reshape(xl.shape[0], count, xl.shape[-1]))
-    else:
-        sums = xl.sum(axis=spatial, dtype=np.int64)
-    total = sums - count * np.int64(x_zp)
+    count = math.prod(xl.shape[1:-1])
     mult = np.float32(x_s) / (np.float32(y_s) * np.float32(count))
-    y = saturate(total.astype(np.float32) * mult, y_zp.dtype, np.float32(y_zp))
+    if xl.flags.c_contiguous and np.isfinite(mult):
+        y = kernels.qlinear_channel_means(xl.reshape(xl.shape[0], count, xl.shape[-1]),
+                                          int(x_zp), mult, np.float32(y_zp), y_zp.dtype)
+    else:
+        total = xl.sum(axis=spatial, dtype=np.int64) - count * np.int64(x_zp)
+        y = saturate(total.astype(np.float32) * mult, y_zp.dtype, np.float32(y_zp))
     y = y.reshape(y.shape[0], *(1,) * len(spatial), y.shape[-1])
     return [y if last else to_first(y)]
 
