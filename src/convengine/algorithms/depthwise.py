@@ -79,9 +79,13 @@ STREAMING_BYTES = 8 << 20
 PREFETCH_X_BYTES = 8192
 PREFETCH_Y_BYTES = 4096
 # Below this many multiply-adds the calling thread does it all: starting the parallel
-# region cost more than the second thread saved (b1 MobileNetV2 layers of 0.25-1.35M:
-# serial 1.3-2.3x faster, interleaved with PyTorch on a busy 2-core host).
-SERIAL_MACS = 2_000_000
+# region costs more than the second thread saves. Measured 2026-12-02 (Zen 4, 2
+# threads, interleaved in one process, once the border rows no longer took the
+# masked-load assist): 0.25-0.42M serial 1.0-1.4x faster, 0.68-1.35M parallel 1.5-1.7x
+# faster; MobileNetV2 batch 1 against the earlier 2M: an ONNX session 8.39 -> 8.07 ms,
+# replace_convs inference 23.4 -> 20.8 ms, a training step 86.5 -> 81.7 ms (medians of
+# 6-8 alternations).
+SERIAL_MACS = 500_000
 
 
 def _block_intrinsic(  # noqa: PLR0913

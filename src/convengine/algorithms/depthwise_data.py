@@ -36,12 +36,16 @@ from ..problem import ConvProblem
 from ..threads import get_num_threads
 from .depthwise import (
     NOALIAS,
-    SERIAL_MACS,
     _as2d,
     _cache_line_aligned,
     one_per_channel,
     output_buffer,
 )
+
+# Below this many multiply-adds the calling thread does it all (the threshold the
+# forward kernels had before their border rows stopped taking the masked-load assist;
+# this gather kernel has no masked loads and was not measured again)
+SERIAL_MACS = 2_000_000
 
 
 @njit(nogil=True, cache=True)
