@@ -120,16 +120,21 @@ def max_pool_last(x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int
 
 
 @njit(nogil=True, cache=True)
+def _pixel_sums(x, n, acc):  # pragma: no cover - compiled
+    """acc[c] = sum over p of x[n, p, c] (x (N, P, C)), along memory."""
+    acc[:] = 0
+    for p in range(x.shape[1]):
+        for c in range(x.shape[2]):
+            acc[c] += x[n, p, c]
+
+
+@njit(nogil=True, cache=True)
 def _channel_means(x, y):  # pragma: no cover - compiled
-    n_, p_, c_ = x.shape
-    acc = np.zeros(c_)
-    for n in range(n_):
-        acc[:] = 0
-        for p in range(p_):
-            for c in range(c_):
-                acc[c] += x[n, p, c]
-        for c in range(c_):
-            y[n, c] = acc[c] / p_
+    acc = np.zeros(x.shape[2])
+    for n in range(x.shape[0]):
+        _pixel_sums(x, n, acc)
+        for c in range(x.shape[2]):
+            y[n, c] = acc[c] / x.shape[1]
 
 
 def channel_means(x: np.ndarray) -> np.ndarray:
@@ -144,15 +149,11 @@ def channel_means(x: np.ndarray) -> np.ndarray:
 
 @njit(nogil=True, cache=True)
 def _qlinear_channel_means(x, x_zp, mult, y_zp, lo, hi, y):  # pragma: no cover - compiled
-    n_, p_, c_ = x.shape
-    acc = np.zeros(c_, np.int64)
-    for n in range(n_):
-        acc[:] = 0
-        for p in range(p_):
-            for c in range(c_):
-                acc[c] += x[n, p, c]
-        for c in range(c_):
-            v = np.rint(np.float32(acc[c] - p_ * x_zp) * mult) + y_zp
+    acc = np.zeros(x.shape[2], np.int64)
+    for n in range(x.shape[0]):
+        _pixel_sums(x, n, acc)
+        for c in range(x.shape[2]):
+            v = np.rint(np.float32(acc[c] - x.shape[1] * x_zp) * mult) + y_zp
             y[n, c] = min(max(v, lo), hi)
 
 
