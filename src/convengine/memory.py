@@ -136,18 +136,12 @@ def empty(shape: Sequence[int] | int, dtype: np.typing.DTypeLike = np.float32) -
     0.037 ms for a 14x14x576 layer.)"""
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(map(int, shape))
     dtype = np.dtype(dtype)
-    count = math.prod(shape)
-    nbytes = count * dtype.itemsize
-    if nbytes < MIN_BYTES and ALIGN % dtype.itemsize == 0 and not dtype.hasobject:
-        # numpy's own start 16 bytes into a cache line. (The address through ctypes'
-        # from_buffer: ``.ctypes.data`` costs 2 us, as much as a batch-1 conv's other
-        # Python, called tens of times a network pass.)
-        raw = np.empty(count + ALIGN // dtype.itemsize, dtype)
-        start = -ctypes.addressof(ctypes.c_char.from_buffer(raw.data)) % ALIGN // dtype.itemsize
-        return raw[start:start + count].reshape(shape)
-    if nbytes < MIN_BYTES:
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < MIN_BYTES:  # numpy's own start 16 bytes into a cache line
         raw = np.empty(nbytes + ALIGN, np.uint8)
-        start = -raw.ctypes.data % ALIGN
+        # the address through ctypes' from_buffer (0.3 us): ``.ctypes.data`` costs 1-2
+        # us, as much as a batch-1 conv's other Python, tens of times a network pass
+        start = -ctypes.addressof(ctypes.c_char.from_buffer(raw.data)) % ALIGN
         return raw[start:start + nbytes].view(dtype).reshape(shape)
     raw = np.asarray(_Lease(_take(size_class(nbytes + ALIGN)), nbytes))
     return raw.view(dtype).reshape(shape)

@@ -16,7 +16,7 @@ memory: one pass each instead of numpy's several (temporaries included).
   head; this pass 2-5 us), averaged and rounded in the same call.
 
 Outputs come from :func:`convengine.memory.empty` (a reused block: a fresh one
-page-faults on its first write).
+page-faults on its first write), but for the pools' small ``(N, C)`` means.
 """
 
 from __future__ import annotations
