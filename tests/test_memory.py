@@ -34,6 +34,17 @@ def test_large_arrays_are_aligned_and_reused_after_their_last_view_dies():
     assert b.ctypes.data == address and memory.free_bytes() == 0
 
 
+def test_a_request_takes_the_most_recently_freed_block_that_fits():
+    big, exact, small = (memory.empty(n, np.uint8) for n in (3 << 20, 2 << 20, 1 << 20))
+    addresses = {name: a.ctypes.data for name, a in
+                 (("big", big), ("exact", exact), ("small", small))}
+    del exact, small, big  # freed in this order: the 3 MiB block last
+    taken = memory.empty(2 << 20, np.uint8)  # 3 MiB fits (up to FIT times the size)
+    assert taken.ctypes.data == addresses["big"]
+    again = memory.empty(2 << 20, np.uint8)  # next: the 1 MiB block is too small
+    assert again.ctypes.data == addresses["exact"]
+
+
 def test_every_array_starts_on_a_cache_line_and_keeps_dtype_and_shape():
     for shape in ((10, 10), (3,), (7, 3, 5)):
         small = memory.empty(shape, np.float64)
