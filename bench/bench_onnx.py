@@ -9,8 +9,9 @@ float (legacy exporter) and quantize_static int8 (QOperator and QDQ, per channel
 Each runtime serves its session in a process of its own (as a user runs one of
 them), fed commands over a pipe; times are medians of interleaved rounds (one call of
 each runtime per round, after a warm-up call); the ratio is ONNX Runtime's time over
-convengine's (> 1: convengine is faster). In one process ONNX Runtime's worker
-threads, which spin after each of its runs, stalled convengine's next parallel
+convengine's (> 1: convengine is faster), with the lowest and highest of the rounds'
+own ratios beside it (how much the host moved). In one process ONNX Runtime's
+worker threads, which spin after each of its runs, stalled convengine's next parallel
 steps by 4-6 ms each (MobileNetV2 batch 1: 13.4 ms against 4.5 with their spinning
 off). Each timed call starts ``--settle`` seconds (default 0.2) after the previous
 one, so that neither runtime's spinning threads share the cores with the other's
@@ -183,8 +184,10 @@ def bench(name: str, kind: str, batch: int, rounds: int, threads: int, settle: f
     used = kept or [r]
     mine = float(np.median([r[0] for r in used]))
     ort_ = float(np.median([r[1] for r in used]))
+    per_round = [r[1] / r[0] for r in used]
     return {"model": name, "kind": kind, "batch": batch, "convengine_ms": mine * 1e3,
-            "onnxruntime_ms": ort_ * 1e3, "speedup": ort_ / mine, "max_err": err,
+            "onnxruntime_ms": ort_ * 1e3, "speedup": ort_ / mine,
+            "speedup_range": (min(per_round), max(per_round)), "max_err": err,
             "host_busy": float(np.mean([r[2] for r in used])),
             "rounds": f"{len(kept)}/{tried}"}
 
@@ -269,15 +272,16 @@ def main() -> None:
           f"{args.settle} s settle, {args.burst} call(s) per burst (median), rounds with "
           f"host busy <= {args.max_busy:.0%}")
     print("| model | kind | batch | convengine ms | ONNX Runtime ms | ORT / convengine | "
-          "max err / max | host busy | rounds kept |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "its range over the rounds | max err / max | host busy | rounds kept |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         for kind in args.kinds.split(","):
             for batch in (int(b) for b in args.batches.split(",")):
                 r = bench(name, kind, batch, args.rounds, args.threads, args.settle,
                           args.max_busy, args.patience, args.burst)
                 print(f"| {r['model']} | {r['kind']} | {r['batch']} | {r['convengine_ms']:.1f} | "
-                      f"{r['onnxruntime_ms']:.1f} | {r['speedup']:.2f} | {r['max_err']:.1e} | "
+                      f"{r['onnxruntime_ms']:.1f} | {r['speedup']:.2f} | "
+                      f"{r['speedup_range'][0]:.2f}-{r['speedup_range'][1]:.2f} | {r['max_err']:.1e} | "
                       f"{r['host_busy']:.0%} | {r['rounds']} |", flush=True)
 
 
