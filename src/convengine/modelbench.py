@@ -334,6 +334,8 @@ def _pair(model: str, batch: int, fmt: str, mode: str, args: argparse.Namespace)
     return {"model": model, "batch": batch, "mode": mode, "format": fmt,
             "torch_ms": med["torch"] * 1e3, "ours_ms": med["ours"] * 1e3,
             "ratio": med["torch"] / med["ours"],
+            "ratio_range": [min(t / o for t, o in zip(times["torch"], times["ours"])),
+                            max(t / o for t, o in zip(times["torch"], times["ours"]))],
             "torch_range_ms": [min(times["torch"]) * 1e3, max(times["torch"]) * 1e3],
             "ours_range_ms": [min(times["ours"]) * 1e3, max(times["ours"]) * 1e3],
             "first_pass_s": {k: v["first"] for k, v in setup.items()},
@@ -346,7 +348,8 @@ def _line(r: dict[str, Any]) -> str:
         return (f"{head} network order {r['order_ms']:8.1f} ms, layers alone {r['alone_ms']:8.1f} ms,"
                 f" order/alone {1 / r['ratio']:.2f}")
     return (f"{head} torch {r['torch_ms']:8.1f} ms  ours {r['ours_ms']:8.1f} ms  "
-            f"torch/ours {r['ratio']:.2f}  diff {r['max_rel_diff']:.1e}  "
+            f"torch/ours {r['ratio']:.2f} (rounds {r['ratio_range'][0]:.2f}-"
+            f"{r['ratio_range'][1]:.2f})  diff {r['max_rel_diff']:.1e}  "
             f"first pass ours {r['first_pass_s']['ours']:.1f} s")
 
 
