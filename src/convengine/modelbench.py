@@ -331,11 +331,11 @@ def _pair(model: str, batch: int, fmt: str, mode: str, args: argparse.Namespace)
         for s in sides:
             s.close()
     med = {k: statistics.median(v) for k, v in times.items()}
+    per_round = [t / o for t, o in zip(times["torch"], times["ours"], strict=True)]
     return {"model": model, "batch": batch, "mode": mode, "format": fmt,
             "torch_ms": med["torch"] * 1e3, "ours_ms": med["ours"] * 1e3,
             "ratio": med["torch"] / med["ours"],
-            "ratio_range": [min(t / o for t, o in zip(times["torch"], times["ours"])),
-                            max(t / o for t, o in zip(times["torch"], times["ours"]))],
+            "ratio_range": [min(per_round), max(per_round)],
             "torch_range_ms": [min(times["torch"]) * 1e3, max(times["torch"]) * 1e3],
             "ours_range_ms": [min(times["ours"]) * 1e3, max(times["ours"]) * 1e3],
             "first_pass_s": {k: v["first"] for k, v in setup.items()},
