@@ -56,6 +56,18 @@ def test_every_array_starts_on_a_cache_line_and_keeps_dtype_and_shape():
     assert big.dtype == np.float64 and big.shape == (1 << 19,) and not big.any()
 
 
+def test_an_allocator_hands_out_a_new_aligned_array_per_call():
+    for shape, dtype in (((3, 5), np.float32), ((2, 512, 512), np.float32), (7, np.uint8)):
+        alloc = memory.allocator(shape, dtype)
+        a, b = alloc(), alloc()
+        expected = (shape,) if isinstance(shape, int) else shape
+        assert a.shape == b.shape == expected and a.dtype == b.dtype == dtype
+        assert a.ctypes.data % memory.ALIGN == 0 and b.ctypes.data % memory.ALIGN == 0
+        a[...] = 1
+        b[...] = 2
+        assert (a == 1).all()  # distinct memory while both live
+
+
 def test_a_torch_tensor_sharing_the_memory_keeps_the_block():
     torch = pytest.importorskip("torch")
     a = memory.empty((1024, 1024), np.float32)

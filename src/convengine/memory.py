@@ -24,11 +24,12 @@ its peak in use (or ``SLACK_BYTES`` beyond what it uses). Free blocks beyond
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -68,9 +69,10 @@ class _Lease:
 
     def __init__(self, block: np.ndarray, nbytes: int) -> None:
         self.block = block
-        start = block.ctypes.data + (-block.ctypes.data) % ALIGN
+        address = _address(block)
         self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
-                                    "data": (start, False), "version": 3}
+                                    "data": (address + -address % ALIGN, False),
+                                    "version": 3}
 
     def __del__(self) -> None:
         try:
@@ -135,17 +137,39 @@ def empty(shape: Sequence[int] | int, dtype: np.typing.DTypeLike = np.float32) -
     pool if ``MIN_BYTES`` or larger. (Vector loads of an unaligned array straddle two
     lines: the depthwise kernels took 2-3x as long on such inputs, e.g. 0.117 against
     0.037 ms for a 14x14x576 layer.)"""
+    return allocator(shape, dtype)()
+
+
+def allocator(shape: Sequence[int] | int, dtype: np.typing.DTypeLike = np.float32
+              ) -> Callable[[], np.ndarray]:
+    """``alloc() -> empty(shape, dtype)``, its sizes worked out once: a conv bound to
+    its shapes allocates its output so on every call."""
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(map(int, shape))
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < MIN_BYTES:  # numpy's own start 16 bytes into a cache line
-        raw = np.empty(nbytes + ALIGN, np.uint8)
-        # the address through ctypes' from_buffer (0.3 us): ``.ctypes.data`` costs 1-2
-        # us, as much as a batch-1 conv's other Python, tens of times a network pass
-        start = -ctypes.addressof(ctypes.c_char.from_buffer(raw.data)) % ALIGN
-        return raw[start:start + nbytes].view(dtype).reshape(shape)
-    raw = np.asarray(_Lease(_take(size_class(nbytes + ALIGN)), nbytes))
-    return raw.view(dtype).reshape(shape)
+    if nbytes < MIN_BYTES:
+        return functools.partial(_aligned_fresh, nbytes, dtype, shape)
+    return functools.partial(_pooled, size_class(nbytes + ALIGN), nbytes, dtype, shape)
+
+
+def _aligned_fresh(nbytes: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """A new array from numpy (which starts it 16 bytes into a cache line), aligned."""
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -_address(raw) % ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _pooled(size: int, nbytes: int, dtype: np.dtype, shape: tuple[int, ...]
+            ) -> np.ndarray:
+    """An array on a block of ``size`` bytes from the pool."""
+    return np.asarray(_Lease(_take(size), nbytes)).view(dtype).reshape(shape)
+
+
+def _address(a: np.ndarray) -> int:
+    """The address of a writable array's first byte, through ctypes' from_buffer (0.3
+    us): ``.ctypes.data`` costs 1-2 us, as much as a batch-1 conv's other Python, tens
+    of times a network pass."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(a.data))
 
 
 def zeros(shape: Sequence[int] | int, dtype: np.typing.DTypeLike = np.float32) -> np.ndarray:

@@ -545,14 +545,17 @@ def bind_forward(problem: ConvProblem, wp: np.ndarray, bias: np.ndarray | None =
     split = (_per_task(tiles, 1 if inside else blocks), inside, *walk)
     driver, wf = _gather_driver(nvec), wp.reshape(-1)
     ndim, padding = problem.ndim, problem.padding
+    padded = any(p != (0, 0) for p in padding)
+    x4_shape = (problem.batch, *(1,) * lead, *problem.in_size, problem.in_channels)
+    alloc = memory.allocator(shape4, np.float32)
 
     def run(x: np.ndarray, residual: np.ndarray | None, activation: str) -> np.ndarray:
-        y = memory.empty(shape, np.float32)
-        y4 = y.reshape(shape4)
-        driver(pad(x, ndim, padding), wf, y4, bias, y4 if residual is None else residual,
+        y4 = alloc()
+        xp = pad(x, ndim, padding) if padded else np.ascontiguousarray(x).reshape(x4_shape)
+        driver(xp, wf, y4, bias, y4 if residual is None else residual,
                residual is not None, EPILOGUE_ACTIVATIONS.index(activation), *strides,
                *split)
-        return y
+        return y4.reshape(shape)
     return run
 
 

@@ -184,7 +184,11 @@ class Session:
             node.run = self._compile(node)
         read = {n for node in self._nodes for n in node.inputs} | self._output_names
         self._consts = {k: v for k, v in self._consts.items() if k in read}  # weights
-        self._frees = self._lifetimes()  # laid out inside conv steps are not kept twice
+        # per node, its inputs as (name, the initializer or None) and the tensors to drop
+        # after it: a run looks each input up once (a batch-1 network's nodes take tens
+        # of microseconds, their Python a few)
+        self._steps = [(node, [(n, self._consts.get(n)) for n in node.inputs], frees)
+                       for node, frees in zip(self._nodes, self._lifetimes(), strict=True)]
 
     # -------------------------------------------------------------- public
 
@@ -209,8 +213,9 @@ class Session:
             set_num_threads(threads)
         wake_after_idle()
         try:
-            for node, frees in zip(self._nodes, self._frees, strict=True):
-                args = [self._value(env, n) if n else None for n in node.inputs]
+            for node, sources, frees in self._steps:
+                # env and initializers are disjoint: an initializer is never an input
+                args = [env.get(n, const) for n, const in sources]
                 assert node.run is not None
                 try:
                     outputs = node.run(args)
