@@ -9,6 +9,7 @@ the kernel's work items (:func:`convengine.quant.api.residual`).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -22,7 +23,7 @@ from .ops import Array, to_first, to_last
 from .qops import MICROSOFT_OPS, qlinear_add_params
 
 QAdd = tuple[bool, list[Array]]  # (conv's result is A, [a_s, a_zp, b_s, b_zp, c_s, c_zp])
-# (launch, allocate, (rows, O), y dtype, y's NHWC shape, x's canonical shape)
+# (launch, allocate() -> y (rows, O), (rows, O), y dtype, y's NHWC shape, x's canonical shape)
 _Bound = tuple[qapi.Launch, Any, tuple[int, int], np.dtype, tuple[int, ...], tuple[int, ...]]
 
 
@@ -56,7 +57,7 @@ class QConvStep:
         if bound is None:
             bound = self._launches[key] = self._bind(xl)
         launch, allocate, y_rows, y_dtype, shape, canonical = bound
-        y = allocate(y_rows, y_dtype)
+        y = allocate()
         xc = np.ascontiguousarray(xl).reshape(canonical)
         if self.add is None:
             if y.size:
@@ -94,5 +95,7 @@ class QConvStep:
         y_rows = (problem.batch * math.prod(problem.out_size), problem.out_channels)
         small = math.prod(y_rows) * plan.out_dtype.itemsize < memory.MIN_BYTES
         canonical = qapi._canonical(np.empty(xl.shape, xl.dtype), problem).shape
-        return (qapi.bind(plan, self.w_last, xl.dtype), np.empty if small else memory.empty,
-                y_rows, plan.out_dtype, tuple(problem.y_shape("NHWC")), canonical)
+        allocate = functools.partial(np.empty, y_rows, plan.out_dtype) if small \
+            else memory.allocator(y_rows, plan.out_dtype)
+        return (qapi.bind(plan, self.w_last, xl.dtype), allocate, y_rows, plan.out_dtype,
+                tuple(problem.y_shape("NHWC")), canonical)
