@@ -166,12 +166,15 @@ class PreparedConv:
             return run_winograd
         bound = algo.bind(problem)
         if isinstance(bound, depthwise.Plan):
+            taps = bound.taps(w, problem.compute_dtype)  # laid out once
+
             def run_depthwise(x: np.ndarray, residual: np.ndarray | None, act: str
                               ) -> np.ndarray:
                 x = np.ascontiguousarray(x)
                 if residual is None and act in blocked.EPILOGUE_ACTIVATIONS:  # in the store
-                    return bound(x, w, self.bias, blocked.EPILOGUE_ACTIVATIONS.index(act))
-                return self._epilogue(bound(x, w), residual, act)
+                    return bound(x, w, self.bias, blocked.EPILOGUE_ACTIVATIONS.index(act),
+                                 taps)
+                return self._epilogue(bound(x, w, taps=taps), residual, act)
             return run_depthwise
         if not algo.numpy_math:
             return lambda x, residual, act: self._epilogue(bound(np.ascontiguousarray(x), w),

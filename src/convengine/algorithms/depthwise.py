@@ -358,9 +358,9 @@ def depthwise2d_kernel(  # noqa: PLR0913
     epilogue: bool = False,
 ) -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
     """The kernels (parallel, serial) for one (KH, KW) kernel shape, width stride and
-    dilations: ``kernel(x (N,H,W,C), w (C, KH*KW), flip, OH, OW, sh, ph, pw,
-    row_parts, channel_parts, raw, bias, act) -> y (N,OH,OW,C)``, in ``raw`` (an
-    :func:`output_buffer`) if that is long enough; ``flip`` reverses the taps. The
+    dilations: ``kernel(x (N,H,W,C), wk (KH, KW, C) (:meth:`Plan.taps`), OH, OW, sh,
+    ph, pw, row_parts, channel_parts, raw, bias, act) -> y (N,OH,OW,C)``, in ``raw``
+    (an :func:`output_buffer`) if that is long enough. The
     serial one runs its tasks in turn on the calling thread. ``streaming``: full
     vectors of y are stored non-temporally (C must be a multiple of a vector).
     ``epilogue``: y is ``act(conv + bias)`` (bias (C,), act 0: none, 1: ReLU, 2:
@@ -434,16 +434,10 @@ def depthwise2d_kernel(  # noqa: PLR0913
         if streaming:
             _store_fence()
 
-    def kernel(x, w, flip, oh_, ow_, sh, ph, pw, row_parts, channel_parts, raw,  # noqa: PLR0913
+    def kernel(x, wk, oh_, ow_, sh, ph, pw, row_parts, channel_parts, raw,  # noqa: PLR0913
                bias, act):
         n_, c_ = x.shape[0], x.shape[3]
         y = _cache_line_aligned(raw, n_, oh_, ow_, c_)
-        wk = np.empty((kh_, kw_, c_), dtype=y.dtype)  # taps outermost, channels innermost
-        for i in range(kh_):
-            for j in range(kw_):
-                t = (kh_ - 1 - i) * kw_ + kw_ - 1 - j if flip else i * kw_ + j
-                for c in range(c_):
-                    wk[i, j, c] = w[c, t]
         rows = y.shape[0] * y.shape[1]
         wp_ = (y.shape[2] - 1) * sw_ + reach
         chunks = (c_ + GRAIN - 1) // GRAIN
@@ -495,19 +489,30 @@ class Plan(NamedTuple):
         buffers = self.args[3] * self.args[4] * kh_ * ((ow - 1) * sw + (kw_ - 1) * dw + 1) * c
         return (kh_ * kw_ * c + buffers) * itemsize
 
+    def taps(self, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        """The kernels' weights: w (C, *K, 1) as (KH, KW, C) of ``dtype``, taps in the
+        order applied (reversed where the plan flips them), channels innermost."""
+        kh_, kw_ = self.key[:2]
+        wk = w.reshape(w.shape[0], kh_, kw_)
+        if self.flip:
+            wk = wk[:, ::-1, ::-1]
+        return np.ascontiguousarray(wk.transpose(1, 2, 0), dtype=dtype)
+
     def __call__(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None,
-                 act: int = 0) -> np.ndarray:
+                 act: int = 0, taps: np.ndarray | None = None) -> np.ndarray:
         """x (N, *S, C), w (C, *K, 1), both C-contiguous -> y (N, *S_out, C), starting
         on a cache line; with bias (C,) of x's dtype or act (1: ReLU, 2: ReLU6) y is
-        ``act(conv + bias)``, computed in the kernel's store."""
+        ``act(conv + bias)``, computed in the kernel's store. ``taps``: w laid out by
+        :meth:`taps` already (constant weights: once)."""
         kernel, b = self.kernel, _NO_BIAS
         if bias is not None or act:
             kh_, kw_, sw, dw, dh = self.key
             kernels = depthwise2d_kernel(kh_, kw_, sw, dh, dw, self.streaming, epilogue=True)
             kernel = kernels[1] if self.serial else kernels[0]
             b = np.zeros(self.y4[-1], x.dtype) if bias is None else bias
-        y = kernel(x.reshape(self.x4), w.reshape(w.shape[0], -1), self.flip,
-                   *self.y4[1:3], *self.args, output_buffer(self.size, x.dtype), b, act)
+        wk = self.taps(w, x.dtype) if taps is None else taps
+        y = kernel(x.reshape(self.x4), wk, *self.y4[1:3], *self.args,
+                   output_buffer(self.size, x.dtype), b, act)
         return y.reshape(self.y_shape)
 
 
