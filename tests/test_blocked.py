@@ -25,6 +25,8 @@ CASES = [
     ("asym-pad-row-dilation", (1, 10, 9, 3), (32, 3, 2, 3),
      dict(stride=(1, 2), padding=((2, 0), (0, 1)), dilation=(2, 1))),
     ("unpadded-1x1", (3, 5, 5, 16), (16, 1, 1, 16), {}),
+    # one-vector panels take 8-pixel tiles (ONE_VECTOR_ROWS): tiles across rows and images
+    ("o12-1x1-tiles-across-images", (3, 7, 9, 32), (12, 1, 1, 32), {}),
     ("1d", (2, 37, 3), (64, 5, 3), dict(stride=2, padding=2)),
     ("output-one-pixel", (1, 4, 4, 2), (16, 4, 4, 2), {}),
 ]

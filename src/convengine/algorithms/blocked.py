@@ -70,6 +70,12 @@ EPILOGUE_ACTIVATIONS = ("none", "relu", "relu6")  # what the forward's store app
 # whose weights then stay in L1 across tiles (at 256 KiB ResNet-50's 256 -> 128 1x1 at
 # 56x56 read 0.87x PyTorch per layer, 1.08x at 32 KiB)
 BLOCKS_INSIDE_BYTES = 32 << 10
+# pixels per gathered micro-tile of one vector of output channels (16 or fewer), not
+# the 24 its accumulators allow: each pixel's input row is a pointer the tile keeps,
+# and 24 of them spill from the general registers. MobileNetV2's 32 -> 16 1x1 at
+# 8x112x112, alternated in one process (Zen 4): 1.68x as fast on one thread, 1.44x on
+# two; the same layer at batch 1 and the 144 -> 16 one at 28x28 within +-7%
+ONE_VECTOR_ROWS = 8
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, VEC)
 
@@ -329,10 +335,16 @@ def flipped_walk(w: np.ndarray, nr: int) -> WeightWalk:
                       False)
 
 
+def gather_rows(nvec: int) -> int:
+    """Pixels per gathered micro-tile of ``nvec`` vectors: ``ACCUMULATORS / nvec``,
+    except ``ONE_VECTOR_ROWS`` for one vector (see there)."""
+    return ACCUMULATORS // nvec if nvec > 1 else min(ACCUMULATORS, ONE_VECTOR_ROWS)
+
+
 @cache
 def _gather_driver(nvec: int) -> Any:
     """The compiled forward over all ``N x OH x OW`` output pixels in micro-tiles of
-    ``ACCUMULATORS / nvec`` consecutive pixels, which may run over the end of an output row (their
+    ``mr`` (:func:`gather_rows`) consecutive pixels, which may run over the end of an output row (their
     input offsets gathered per tile), so that short rows fill the tiles:
     ``run(xp (N,Hp,Wp,C), wf, y (N,OH,OW,O), bias (O',), res, has_res, act, sh, sw,
     dh, dw, per_task, blocks_inside, *walk)`` with the weights found in the flat ``wf``
@@ -340,9 +352,8 @@ def _gather_driver(nvec: int) -> Any:
     :func:`_make_ukernel` (``res`` y's shape, read where ``has_res``; O <= O' (O'
     a multiple of VEC * nvec), lanes beyond O not stored), each task ``per_task``
     tiles of one output-channel block, or of all (``blocks_inside``)."""
-    mr = ACCUMULATORS // nvec
-    nr = VEC * nvec
-    src = Source(__name__, f"blocked_gather_nr{nr}")
+    mr, nr = gather_rows(nvec), VEC * nvec
+    src = Source(__name__, f"blocked_gather_nr{nr}_mr{mr}")
     src.expr("ukernel", f"_make_ukernel({mr}, {nvec}, gather=True)")
     ukernel = None  # bound in the kernel module
 
@@ -422,16 +433,16 @@ def pad(x: np.ndarray, ndim: int, padding: tuple[tuple[int, int], ...]) -> np.nd
 
 
 def _nvec(out_channels: int) -> int:
-    """Vectors per micro-tile (4, 3, 2 or 1; ``ACCUMULATORS / nvec`` pixels), by a cost
+    """Vectors per micro-tile (4, 3, 2 or 1; :func:`gather_rows` pixels), by a cost
     model: the panels' channels (O rounded up to ``VEC * nvec``) times one plus the
-    loads per multiply-add (``ACCUMULATORS / nvec`` broadcasts of x and ``nvec`` panel
-    loads per ``ACCUMULATORS`` multiply-adds). With AVX-512: 96 and 144 channels take
+    loads per multiply-add (``mr`` broadcasts of x and ``nvec`` panel loads per
+    ``mr * nvec`` multiply-adds). With AVX-512: 96 and 144 channels take
     48-channel panels, 24 and 160 take 32, 64-multiples 64; with AVX2 (8 lanes, at most
     3 vectors): 64 channels take 16-channel panels (6 pixels), 144 24-channel ones.
     Measured 2026-12-01 (AVX-512) on MobileNetV2's 24 -> 144 1x1 at 8x56x56:
     64-channel panels (192) 2.1 ms, 16-channel ones (a load per multiply-add) 7.9 ms."""
     def cost(nvec: int) -> float:
-        mr = ACCUMULATORS // nvec
+        mr = gather_rows(nvec)
         return -(-out_channels // (VEC * nvec)) * VEC * nvec * (1 + (mr + nvec) / (mr * nvec))
     return min(NVECS, key=cost)
 
@@ -540,7 +551,7 @@ def bind_forward(problem: ConvProblem, wp: np.ndarray, bias: np.ndarray | None =
     nvec, blocks = nr // VEC, -(-shape[-1] // nr)
     if bias is None:
         bias = np.zeros(blocks * nr, np.float32)
-    tiles = -(-problem.batch * math.prod(problem.out_size) // (ACCUMULATORS // nvec))
+    tiles = -(-problem.batch * math.prod(problem.out_size) // gather_rows(nvec))
     inside = wp.nbytes <= BLOCKS_INSIDE_BYTES
     split = (_per_task(tiles, 1 if inside else blocks), inside, *walk)
     driver, wf = _gather_driver(nvec), wp.reshape(-1)
