@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import convengine as ce
+from convengine.algorithms import blocked
 from convengine.prepared import PreparedConv
 from oracle import assert_close, random, reference
 
@@ -162,3 +163,27 @@ def test_unknown_conv_arguments_are_named_at_construction():
         PreparedConv(w, layout="NHWC")
     with pytest.raises(TypeError, match=r"\['strides'\]"):
         PreparedConv(w, strides=2)
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), [c[1:] for c in EPILOGUE_CASES[:4]],
+                         ids=[c[0] for c in EPILOGUE_CASES[:4]])
+def test_streamed_outputs_match_reference(x_shape, w_shape, kw, monkeypatch):
+    """blocked's non-temporal stores (outputs of STREAMING_BYTES or more, every panel
+    vector on a cache line), made to serve these small outputs: the same results as the
+    float64 reference, residual and ReLU6 included; O not a multiple of VEC keeps the
+    cached stores."""
+    monkeypatch.setattr(blocked, "STREAMING_BYTES", 0)
+    chosen = []
+    driver = blocked._gather_driver
+    monkeypatch.setattr(blocked, "_gather_driver",
+                        lambda nvec, streaming=False: chosen.append(streaming) or
+                        driver(nvec, streaming))
+    rng = np.random.default_rng(6)
+    x, w = random(rng, x_shape, "float32"), random(rng, w_shape, "float32") * 4
+    bias = random(rng, (w_shape[0],), "float32") * 4
+    conv = reference("forward", x, w, layout="NHWC", **kw)
+    residual = random(rng, conv.shape, "float32") * 4
+    got = PreparedConv(w, bias=bias, activation="relu6", **kw)(x, residual)
+    assert_close(got, _epilogue_reference(conv, bias, residual, "relu6"), "float32",
+                 "streamed epilogue")
+    assert chosen == [w_shape[0] % blocked.VEC == 0]

@@ -134,6 +134,18 @@ def prefetch(builder: ir.IRBuilder, ptr: ir.Value, write: bool) -> None:
 
 
 @intrinsic
+def store_fence(typingctx):
+    """``sfence``: this thread's non-temporal stores are visible before what follows."""
+    def codegen(context, builder, signature, args):
+        fence = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse.sfence")
+        builder.call(fence, [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@intrinsic
 def gemm_6xnr(typingctx, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add):
     intp_t = types.intp
     sig = types.void(a, intp_t, intp_t, b, intp_t, intp_t, intp_t, c, intp_t, intp_t,

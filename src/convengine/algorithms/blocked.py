@@ -38,7 +38,7 @@ from ..registry import register
 from ..threads import get_num_threads
 from . import blocked_strided
 from ._common import too_large
-from ._fma import prefetch, row_pointers, splat, store_rows, vector_ops
+from ._fma import prefetch, row_pointers, splat, store_fence, store_rows, vector_ops
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_view
 from .weight_cache import WeightCache, is_transient
 
@@ -76,11 +76,18 @@ BLOCKS_INSIDE_BYTES = 32 << 10
 # 8x112x112, alternated in one process (Zen 4): 1.68x as fast on one thread, 1.44x on
 # two; the same layer at batch 1 and the 144 -> 16 one at 28x28 within +-7%
 ONE_VECTOR_ROWS = 8
+# outputs from this size are stored non-temporally where every panel vector starts a
+# cache line (O a multiple of VEC): their lines bypass the caches and are not read
+# before being written. Alternated in one process (Zen 4, 2 threads, ONNX sessions at
+# batch 8): MobileNetV2 1.033x as fast, ResNet-50 1.049x (rounds 1.00-1.09 and
+# 0.95-1.08); no batch-1 layer of either is this large. As depthwise.STREAMING_BYTES
+STREAMING_BYTES = 8 << 20
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, VEC)
 
 
-def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False) -> Any:
+def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
+                  streaming: bool = False) -> Any:
     """Micro-kernel of ``mr_rows`` output pixels x ``VEC * nvec`` output channels:
 
     ``ukernel(x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys)`` sets, for
@@ -97,7 +104,8 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False) -> Any:
     or the VEC * nvec contiguous channels of a weight read in place) and stores
     lanes ``j < valid`` only, as ``act(sum + bias[b_off + j] [+ res[y_off + r*ys +
     j]])`` (the residual where ``has_res``; ``act`` 0: none, 1: ReLU, 2: ReLU6; NaN
-    passes both), the order and roundings of :mod:`convengine.fused_epilogue`.
+    passes both), the order and roundings of :mod:`convengine.fused_epilogue`; with
+    ``streaming`` whole panels non-temporally (:func:`_store_epilogue`).
     """
     nr = VEC * nvec
     i = types.intp
@@ -163,7 +171,8 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False) -> Any:
                             builder.store(builder.call(fma, [xv, wv[j], builder.load(acc)]), acc)
         y0 = builder.gep(y_data, [arg["y_off"]])
         if gather:
-            _store_epilogue(context, builder, accs, y0, arg, data("bias"), data("res"))
+            _store_epilogue(context, builder, accs, y0, arg, data("bias"), data("res"),
+                            streaming)
         else:
             store_rows(builder, accs, y0, mr_v, arg["ys"], 4)
         return context.get_dummy_value()
@@ -200,10 +209,13 @@ def _prefetch_tile(builder, rows, y_data, arg, nvec) -> None:
                      True)
 
 
-def _store_epilogue(context, builder, accs, y0, arg, bias_data, res_data) -> None:
+def _store_epilogue(context, builder, accs, y0, arg, bias_data, res_data,
+                    streaming: bool = False) -> None:
     """The epilogue store of :func:`_make_ukernel`'s gathered kernel: rows ``r < mr``
     of the register block ``accs``, lanes below ``valid``; one straight-line copy of
-    the stores per (whole panel or not, residual, activation), chosen once per tile."""
+    the stores per (whole panel or not, residual, activation), chosen once per tile.
+    ``streaming``: whole panels' vectors are stored non-temporally (each must start a
+    cache line)."""
     ops = vector_ops(context, builder, types.float32)
     intp = arg["mr"].type
     i32 = ir.IntType(32)
@@ -239,6 +251,10 @@ def _store_epilogue(context, builder, accs, y0, arg, bias_data, res_data) -> Non
                     y_ptr = builder.bitcast(builder.gep(y0, [at]), _VF.as_pointer())
                     if masked:
                         builder.call(ops.store, [v, y_ptr, ops.align, masks[j]])
+                    elif streaming:
+                        builder.store(v, y_ptr, align=VECTOR_BYTES).set_metadata(
+                            "nontemporal", builder.module.add_metadata([
+                                ir.Constant(ir.IntType(32), 1)]))
                     else:
                         builder.store(v, y_ptr, align=4)
 
@@ -342,7 +358,7 @@ def gather_rows(nvec: int) -> int:
 
 
 @cache
-def _gather_driver(nvec: int) -> Any:
+def _gather_driver(nvec: int, streaming: bool = False) -> Any:
     """The compiled forward over all ``N x OH x OW`` output pixels in micro-tiles of
     ``mr`` (:func:`gather_rows`) consecutive pixels, which may run over the end of an output row (their
     input offsets gathered per tile), so that short rows fill the tiles:
@@ -351,10 +367,12 @@ def _gather_driver(nvec: int) -> Any:
     as the :class:`WeightWalk` ``walk`` says, the epilogue of the gathered
     :func:`_make_ukernel` (``res`` y's shape, read where ``has_res``; O <= O' (O'
     a multiple of VEC * nvec), lanes beyond O not stored), each task ``per_task``
-    tiles of one output-channel block, or of all (``blocks_inside``)."""
+    tiles of one output-channel block, or of all (``blocks_inside``). ``streaming``:
+    whole panels stored non-temporally (y 64-byte aligned, O a multiple of VEC; see
+    ``STREAMING_BYTES``), fenced at the end of each task."""
     mr, nr = gather_rows(nvec), VEC * nvec
-    src = Source(__name__, f"blocked_gather_nr{nr}_mr{mr}")
-    src.expr("ukernel", f"_make_ukernel({mr}, {nvec}, gather=True)")
+    src = Source(__name__, f"blocked_gather_nr{nr}_mr{mr}{'_streaming' if streaming else ''}")
+    src.expr("ukernel", f"_make_ukernel({mr}, {nvec}, gather=True, streaming={streaming})")
     ukernel = None  # bound in the kernel module
 
     def run(xp, wf, y, bias, res, has_res, act, sh, sw, dh, dw, per_task,  # noqa: PLR0913
@@ -392,6 +410,8 @@ def _gather_driver(nvec: int) -> Any:
                             w_first + ob * w_block, w_row, w_col, w_step, m, yf,
                             p0 * o_ + ob * nr, o_, bias, ob * nr, rf, has_res, act,
                             min(nr, o_ - ob * nr))
+            if streaming:
+                store_fence()
 
     src.function(run, parallel=True, nogil=True)
     return load(src).run
@@ -554,7 +574,8 @@ def bind_forward(problem: ConvProblem, wp: np.ndarray, bias: np.ndarray | None =
     tiles = -(-problem.batch * math.prod(problem.out_size) // gather_rows(nvec))
     inside = wp.nbytes <= BLOCKS_INSIDE_BYTES
     split = (_per_task(tiles, 1 if inside else blocks), inside, *walk)
-    driver, wf = _gather_driver(nvec), wp.reshape(-1)
+    streaming = shape[-1] % VEC == 0 and 4 * math.prod(shape) >= STREAMING_BYTES
+    driver, wf = _gather_driver(nvec, streaming), wp.reshape(-1)
     ndim, padding = problem.ndim, problem.padding
     padded = any(p != (0, 0) for p in padding)
     x4_shape = (problem.batch, *(1,) * lead, *problem.in_size, problem.in_channels)

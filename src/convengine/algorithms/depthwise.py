@@ -36,14 +36,14 @@ from typing import Any, NamedTuple
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils, cpu, options
+from numba.core import cpu, options
 from numba.extending import intrinsic
 
 from .. import memory
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..threads import get_num_threads
-from ._fma import VECTOR_BYTES, prefetch, vector_ops  # 16 float32 or 8 float64 (AVX2: 8, 4)
+from ._fma import VECTOR_BYTES, prefetch, store_fence, vector_ops  # 16 float32 or 8 float64 (AVX2: 8, 4)
 
 # numba's compiler has a ``noalias`` flag (LLVM ``noalias`` on every array argument)
 # but no public njit option for it; map one, so that kernels whose arrays never
@@ -306,18 +306,6 @@ def _fill(buf, i, x, n, ih, col0, width, c0):
                 buf[i, k, c] = 0
 
 
-@intrinsic
-def _store_fence(typingctx):
-    """``sfence``: this thread's non-temporal stores are visible before what follows."""
-    def codegen(context, builder, signature, args):
-        fence = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse.sfence")
-        builder.call(fence, [])
-        return context.get_dummy_value()
-
-    return types.void(), codegen
-
-
 @njit(nogil=True)
 def _cache_line_aligned(raw, n, h, w, c):
     """An uninitialised (n, h, w, c) array starting on a 64-byte cache line
@@ -432,7 +420,7 @@ def depthwise2d_kernel(  # noqa: PLR0913
                 edge(y, yo + ow * c_, x, row + (ow * sw_ - pw) * c_, dh_ * w_ * c_, c_, wk,
                      c0, cb, windows[ow, 0], windows[ow, 1], rows, bias, act)
         if streaming:
-            _store_fence()
+            store_fence()
 
     def kernel(x, wk, oh_, ow_, sh, ph, pw, row_parts, channel_parts, raw,  # noqa: PLR0913
                bias, act):
