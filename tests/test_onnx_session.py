@@ -328,6 +328,26 @@ def test_conv_outputs_stay_channels_last_between_convs():
     assert_same([out], ReferenceEvaluator(model).run(None, {"x": x}), rtol=1e-4, atol=1e-5)
 
 
+def test_prepared_conv_nodes_keep_no_second_copy_of_their_weights():
+    """A float and an int8 conv node hold their weights only as their steps lay them
+    out: the node's closure keeps no array (it once kept every weight of ResNet-50 a
+    second time, 90 MiB of a batch-8 session's steady RSS)."""
+    x, xq = f32(1, 4, 6, 6), u8(1, 4, 6, 6)
+    params = {"xs": np.float32(0.02), "xz": np.uint8(100), "ws": np.float32(0.01),
+              "wz": np.int8(0), "ys": np.float32(0.05), "yz": np.uint8(110)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+             helper.make_node("QLinearConv", ["xq", "xs", "xz", "wq", "ws", "wz", "ys",
+                                              "yz"], ["yq"], pads=[1, 1, 1, 1])]
+    session = ceo.Session(_model(nodes, {"x": x, "xq": xq}, ["y", "yq"],
+                                 {"w": f32(3, 4, 3, 3), "wq": i8(3, 4, 3, 3), **params}))
+    assert [n.op_type for n in session._nodes] == ["Conv", "QLinearConv"]
+    for node in session._nodes:
+        held = [cell.cell_contents for cell in node.run.__closure__ or ()]
+        assert not any(isinstance(v, np.ndarray) for v in held), node.op_type
+    y, yq = session.run(None, {"x": x, "xq": xq})
+    assert y.shape == (1, 3, 6, 6) and yq.shape == (1, 3, 6, 6)
+
+
 def test_tensors_are_freed_after_their_last_use():
     x = f32(1, 2, 4, 4)
     nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Sigmoid", ["a"], ["b"]),

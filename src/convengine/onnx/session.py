@@ -612,10 +612,11 @@ class Session:
             step = ConvStep(w, c[b_name] if b_name else None, conv_args(node.attrs, w.shape),
                             node.attrs.get("_epilogue", []))
             node.inputs[1:3] = ["", ""]  # held, laid out, by the step
+            w_shape = w.shape  # w itself not kept: the step holds its own layout
 
             def run_conv(xs: list[Any]) -> list[Array]:
                 x = np.asarray(xs[0])
-                check_rank(x, w.shape)
+                check_rank(x, w_shape)
                 return [step(x, xs[3:])]
             return run_conv
         if node.op_type == "QLinearConv" and all(n in c for n in node.inputs[1:9] if n):
@@ -629,9 +630,11 @@ class Session:
                               add=node.attrs.get("_add"))
             node.inputs[1:9] = [""] * len(node.inputs[1:9])  # held by the step; [9]: add's
 
+            qw_shape = w.shape  # w itself not kept: the step holds its own layout
+
             def run_qconv(xs: list[Any]) -> list[Array]:
                 x = np.asarray(xs[0])
-                check_rank(x, w.shape)
+                check_rank(x, qw_shape)
                 return [qstep(x, *xs[9:])]
             return run_qconv
         if node.op_type == "Gemm" and all(n in c for n in node.inputs[1:3] if n):
