@@ -360,8 +360,8 @@ def gather_rows(nvec: int) -> int:
 @cache
 def _gather_driver(nvec: int, streaming: bool = False) -> Any:
     """The compiled forward over all ``N x OH x OW`` output pixels in micro-tiles of
-    ``mr`` (:func:`gather_rows`) consecutive pixels, which may run over the end of an output row (their
-    input offsets gathered per tile), so that short rows fill the tiles:
+    ``mr`` (:func:`gather_rows`) consecutive pixels, which may run over the end of an
+    output row (their input offsets gathered per tile), so that short rows fill them:
     ``run(xp (N,Hp,Wp,C), wf, y (N,OH,OW,O), bias (O',), res, has_res, act, sh, sw,
     dh, dw, per_task, blocks_inside, *walk)`` with the weights found in the flat ``wf``
     as the :class:`WeightWalk` ``walk`` says, the epilogue of the gathered
