@@ -92,7 +92,10 @@ def _max_pool_last(x, kh, kw, sh, sw, dh, dw, ph, pw, lowest, y):  # pragma: no 
         for k in range(row):
             yf[out + k] = lowest
         # tap by tap, over the output columns whose tap falls inside x (padded taps
-        # never take part); NaN wins (a select, stored unconditionally)
+        # never take part); NaN wins. np.maximum compiles to vector selects, where
+        # ``v if (v > cur or v != v) else cur`` compiled to branches on float data (a
+        # 112x112x64 float32 3x3/2 pool on random data: 1.0 -> 0.41 ms single-threaded,
+        # 0.96 -> 0.22 on two threads; Zen 3)
         for a in range(kh):
             ih = oh * sh - ph + a * dh
             if ih < 0 or ih >= h_:
@@ -104,8 +107,7 @@ def _max_pool_last(x, kh, kw, sh, sw, dh, dw, ph, pw, lowest, y):  # pragma: no 
                     tap = np.uintp(((n * h_ + ih) * w_ + ow * sw - pw + b * dw) * c_)
                     o = out + np.uintp(ow) * cu
                     for c in range(cu):
-                        v, cur = xf[tap + c], yf[o + c]
-                        yf[o + c] = v if (v > cur or v != v) else cur
+                        yf[o + c] = np.maximum(xf[tap + c], yf[o + c])
 
 
 def max_pool_last(x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
