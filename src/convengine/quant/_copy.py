@@ -2,20 +2,26 @@
 
 ``copy_bytes(dst, dpos, src, spos, n)`` copies ``src[spos:spos + n]`` to
 ``dst[dpos:dpos + n]`` (uint8 arrays, no bounds checks, the ranges must not overlap).
-A copy of 3 to 200 bytes, the kernel row of an input with few channels, costs a
-few instructions instead of a byte loop or a call to ``memcpy``: the tail's masked
-load and store touch no byte past ``n`` (no fault at the end of ``src``, nothing
-written that another thread may be writing).
+With AVX512BW a copy of 3 to 200 bytes, the kernel row of an input with few
+channels, costs a few instructions instead of a byte loop or a call to ``memcpy``:
+the tail's masked load and store touch no byte past ``n`` (no fault at the end of
+``src``, nothing written that another thread may be writing). Without AVX512BW
+there are no byte-masked moves (LLVM splits such a tail into 64 byte-wise branches):
+the copy is a plain loop, which LLVM vectorizes (ResNet-50's int8 stem on a Zen 3,
+gathered through it rather than tap by tap: 1.8-1.9x as fast).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from .._host import FEATURES
 
 _I1, _I8, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(32)
 _V64 = ir.VectorType(_I8, 64)
@@ -23,7 +29,7 @@ _M64 = ir.VectorType(_I1, 64)
 
 
 @intrinsic
-def copy_bytes(typingctx: Any, dst: Any, dpos: Any, src: Any, spos: Any, n: Any) -> Any:
+def _copy_masked(typingctx: Any, dst: Any, dpos: Any, src: Any, spos: Any, n: Any) -> Any:
     sig = types.void(dst, types.intp, src, types.intp, types.intp)
 
     def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
@@ -55,3 +61,12 @@ def copy_bytes(typingctx: Any, dst: Any, dpos: Any, src: Any, spos: Any, n: Any)
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@njit(inline="always")
+def _copy_loop(dst, dpos, src, spos, n):  # pragma: no cover - compiled
+    for k in range(n):
+        dst[np.uintp(dpos + k)] = src[np.uintp(spos + k)]
+
+
+copy_bytes = _copy_masked if FEATURES.get("avx512bw") else _copy_loop

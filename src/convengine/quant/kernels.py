@@ -551,9 +551,10 @@ def conv_amx(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, 
 @njit(parallel=True, cache=True)
 def conv_avx2(x, flip, xzp, wp, geo, groups, kc, kc2, nb, prows, direct, zeros, mode,
               mult, bias_f, bias_i, zp, lo, hi, out):
-    """Any grouped conv on AVX2: panels of ``prows`` rows gathered as int16 differences
-    ``x - xzp`` (K zero-padded to ``2 * kc2``; ``direct``: a pointwise conv whose row m
-    is x's pixel m), times ``wp (g, nb, kc2, 16, 2)`` int16 ``w - wzp`` in 6 x 16
+    """Any grouped conv on AVX2: panels of ``prows`` rows gathered
+    (:func:`_gather_panel`), then widened to int16 differences ``x - xzp`` (K
+    zero-padded to ``2 * kc2``; ``direct``: a pointwise conv whose row m is x's pixel m,
+    widened in place), times ``wp (g, nb, kc2, 16, 2)`` int16 ``w - wzp`` in 6 x 16
     tiles, requantized in the micro-kernel's registers (whole tiles to 8 bits), else
     from the tile in memory (``zeros``: int32 zeros, one per row of a tile and per
     output channel: no zero-point terms remain)."""
@@ -570,21 +571,20 @@ def conv_avx2(x, flip, xzp, wp, geo, groups, kc, kc2, nb, prows, direct, zeros, 
     flo, fhi, fzp = np.float64(lo), np.float64(hi), np.float64(zp)
     for t in prange(npanel * groups):
         p, g = t // groups, t % groups
-        buf = np.empty(kc, np.uint8)
+        buf = np.empty(1 if direct else prows * kc, np.uint8)
+        sums = np.empty(prows, np.int32)  # (row sums: not needed)
         a = np.zeros(prows * lda, np.int16)
         tile = np.empty(AVX2_MR * NR, np.int32)
         m0 = p * prows
         rows = min(prows, m_total - m0)
+        if not direct:  # the panel's raw bytes, flipped and widened below
+            _gather_panel(x, m0, m0 + rows, g, cg, geo, xzp ^ flip, 0, False, kc, kc, buf, sums)
         for r in range(rows):
             at = r * lda
-            if direct:
-                src = (m0 + r) * kc
-                for k in range(kc):
-                    a[np.uintp(at + k)] = np.int16(xflat[np.uintp(src + k)] ^ flip8) - xz16
-                continue
-            _gather_u8(x, m0 + r, g, cg, geo, xzp ^ flip, buf, 0)
+            src = (m0 + r) * kc if direct else r * kc
+            row = xflat if direct else buf
             for k in range(kc):
-                a[np.uintp(at + k)] = np.int16(buf[k] ^ flip8) - xz16
+                a[np.uintp(at + k)] = np.int16(row[np.uintp(src + k)] ^ flip8) - xz16
         for b in range(nb):
             o0 = g * og + b * AVX2_NR
             ncol = min(AVX2_NR, og - b * AVX2_NR)
