@@ -229,9 +229,8 @@ def _block_intrinsic(  # noqa: PLR0913
                         acc = finish(acc, v)
                     # masked stores only for a partial vector: AMD's vmaskmovps store is
                     # microcoded (Zen 3, 56x56x144 single-threaded: 0.60 -> 0.44 ms)
-                    full = builder.icmp_signed(">=", valid_v, ir.Constant(it, (v + 1) * lanes))
-                    if whole:
-                        full = ir.Constant(ir.IntType(1), 1)
+                    full = ir.Constant(ir.IntType(1), 1) if whole else builder.icmp_signed(
+                        ">=", valid_v, ir.Constant(it, (v + 1) * lanes))
                     with builder.if_else(full, likely=True) as (whole_vector, part):
                         with whole_vector:
                             if streaming:
