@@ -232,15 +232,17 @@ def test_depthwise_requantization_ties_and_saturation(c):
                            f"{mode} {np.dtype(out_dtype)} zp={zp}")
 
 
-@pytest.mark.skipif(not HAS_VNNI, reason="the requantizing micro-kernels are VNNI kernels")
-@pytest.mark.parametrize("k", [1, 3])
-def test_int32_bias_requantization_ties_and_saturation(k, monkeypatch):
-    """ONNX's float64 epilogue in the micro-kernels (1x1: conv_vnni; 3x3: implicit GEMM)
-    against the numpy form on exact .5 ties (multiplier 0.5, odd sums), sums that wrap
-    int32 and values far outside the output range, a ragged last column block."""
+@pytest.mark.parametrize("k,path", [(1, "vnni"), (3, "vnni"), (1, "avx2"), (3, "avx2")])
+def test_int32_bias_requantization_ties_and_saturation(k, path, monkeypatch):
+    """ONNX's float64 epilogue in the micro-kernels (VNNI 1x1: conv_vnni; 3x3: implicit
+    GEMM; AVX2: conv_avx2) against the numpy form on exact .5 ties (multiplier 0.5, odd
+    sums), sums that wrap int32 and values far outside the output range, a ragged last
+    column block."""
     from convengine.quant import api, kernels
 
-    monkeypatch.setattr(cpu, "int8_path", lambda: "vnni")
+    if not {"vnni": HAS_VNNI, "avx2": HAS_AVX2}[path]:
+        pytest.skip(f"no {path} on this CPU")
+    monkeypatch.setattr(cpu, "int8_path", lambda: path)
     monkeypatch.setattr(api, "IMPLICIT_MIN_WIDTH", 1)
     calls = []
     real = kernels.conv_vnni_taps
@@ -260,9 +262,35 @@ def test_int32_bias_requantization_ties_and_saturation(k, monkeypatch):
             want = apply_requant(acc.astype(np.int32), rq, out_dtype)
             y = qconv(x, 1.0, 0, w, np.full(o, 0.5), 0, bias, out_scale=1.0,
                       out_zero_point=zp, out_dtype=out_dtype, relu=relu, bias_mode="int32",
-                      padding=k // 2, algo="vnni", layout="NCHW")
+                      padding=k // 2, algo=path, layout="NCHW")
             assert_equal_q(np.moveaxis(y, 1, -1), want, f"{np.dtype(out_dtype)} zp={zp}")
-    assert len(calls) == (6 if k == 3 else 0)
+    assert len(calls) == (6 if k == 3 and path == "vnni" else 0)
+
+
+@pytest.mark.parametrize("path", ["vnni", "avx2"])
+def test_int32_bias_requantization_where_float32_misrounds(path, monkeypatch):
+    """Sums beyond 2**24 (float32 rounds them) whose float64 value lies just off a
+    half-integer: the VNNI micro-kernels' float32 first pass must hand these lanes to
+    float64 (AVX2's computes every lane in float64). The case is checked to tell the two
+    apart (float32 alone gets some lanes wrong)."""
+    if not {"vnni": HAS_VNNI, "avx2": HAS_AVX2}[path]:
+        pytest.skip(f"no {path} on this CPU")
+    monkeypatch.setattr(cpu, "int8_path", lambda: path)
+    o, mult = 40, 2.0 ** -18
+    x = np.zeros((1, 4, 1, 1), np.uint8)
+    x[0, 0, 0, 0] = 1
+    w = np.zeros((o, 4, 1, 1), np.int8)
+    w[:, 0, 0, 0] = np.arange(o) % 5 - 2
+    halves = 129 + 2 * (np.arange(o) % 60)  # odd: s * mult = halves / 2 (+ the offset)
+    sums = halves * 2**17 + np.resize([1, -1, 3, -3, 0], o)
+    bias = (sums - w[:, 0, 0, 0]).astype(np.int32)
+    rq = requant_params(1.0, np.full(o, mult), 1.0, 0, o, bias, bias_mode="int32")
+    want = apply_requant(w[:, 0, 0, 0].astype(np.int32)[None], rq, np.uint8)  # + bias: sums
+    float32_alone = np.clip(np.rint(sums.astype(np.float32) * np.float32(mult)), 0, 255)
+    assert np.any(float32_alone != want)  # the case tells float32 from float64
+    y = qconv(x, 1.0, 0, w, np.full(o, mult), 0, bias, out_scale=1.0, out_zero_point=0,
+              bias_mode="int32", algo=path, layout="NCHW")
+    assert_equal_q(y[0, :, 0, 0], want[0], "near-tie lanes")
 
 
 def test_weights_changed_in_place_are_repacked():
