@@ -162,19 +162,25 @@ DEPTHWISE_CASES = [
     (2, 1, 18, 9, (1, 7), 3, (0, 3), 1, "uint8", (-128, 128), "per-channel"),
     (1, 2, 40, 13, 5, 2, 2, 1, "int8", (-128, 128), 3),
     (3, 1, 20, (3, 4, 5), 3, 1, 1, (1, 2, 1), "uint8", (-20, 20), "per-channel"),
+    # whole vectors of 8 channels (the AVX2 kernel): dilated, 3-D, int8 input
+    (2, 2, 48, (9, 11), 3, (1, 2), 2, 2, "uint8", (-128, 128), "per-channel"),
+    (3, 1, 24, (3, 4, 6), 3, (1, 1, 2), 1, (1, 1, 2), "int8", (-128, 128), 5),
 ]
 
 
 @pytest.mark.parametrize("case", DEPTHWISE_CASES,
                          ids=lambda c: f"{c[0]}d-C{c[2]}-k{c[4]}-{c[8]}-wzp{c[10]}")
 @pytest.mark.parametrize("int8_path, serial_max", [("auto", None), ("auto", 0),
-                                                   ("portable", None)],
-                         ids=["vnni-serial", "vnni-parallel", "portable"])
+                                                   ("avx2", None), ("portable", None)],
+                         ids=["vnni-serial", "vnni-parallel", "avx2", "portable"])
 def test_depthwise_kernels_against_int64_reference(case, int8_path, serial_max, monkeypatch):
-    """Both depthwise kernels (VNNI where the CPU has it, on the calling thread and in
-    parallel; the float one on the portable path): channel blocks of 64 and 16 and a
-    ragged tail, padding on every side, kernel rows in groups of four, weights that fit
-    int8 after their zero point and that do not."""
+    """Every depthwise kernel (VNNI where the CPU has it, on the calling thread and in
+    parallel; AVX2's register blocks where channels come in whole vectors of 8; the
+    float one on the portable path): channel blocks of 64 and 16 and a ragged tail,
+    padding on every side, kernel rows in groups of four, weights that fit int8 after
+    their zero point and that do not."""
+    if int8_path == "avx2" and not HAS_AVX2:
+        pytest.skip("no AVX2 on this CPU")
     nd, n, c, size, k, s, p, d, xdt, (wlo, whi), wzp_kind = case
     tup = lambda v: (v,) * nd if isinstance(v, int) else tuple(v)  # noqa: E731
     rng = np.random.default_rng(c)

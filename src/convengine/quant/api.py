@@ -18,7 +18,7 @@ from .. import gpu
 from ..errors import ConvSetupError
 from ..problem import ConvProblem, as_array, make_problem
 from ..threads import get_num_threads
-from . import cpu, kernels
+from . import cpu, depthwise_avx2, kernels
 from . import depthwise as depthwise_kernels
 from ._amx import tile_config
 from .numerics import (
@@ -374,9 +374,18 @@ def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
                 depthwise_kernels.conv_depthwise_vnni(x.view(np.uint8), *dw, threads, *tail, y)
         return _with_residual(launch_dw)
     if path == "depthwise":
+        blocked = (cpu.int8_path() != "portable"
+                   and depthwise_avx2.serves(problem.in_channels, packed.data.shape[0],
+                                             plan.mode))
+        wterm = depthwise_avx2.zero_point_term(packed.data, xzp_u) if blocked else None
+
         def launch_dw_portable(x: np.ndarray, y: np.ndarray) -> None:
             xs = x.view(np.uint8) ^ np.uint8(flip) if flip else x.view(np.uint8)
-            depthwise_kernels.conv_depthwise(xs, xzp_u, packed.data, geo, *tail, y)
+            if blocked and y.itemsize == 1 and y.strides[1] == 1:
+                depthwise_avx2.conv_depthwise_avx2(xs, xzp_u, packed.data, wterm, geo, *tail,
+                                                   y)
+            else:
+                depthwise_kernels.conv_depthwise(xs, xzp_u, packed.data, geo, *tail, y)
         return _with_residual(launch_dw_portable)
     if path == "portable":
         def launch_portable(x: np.ndarray, y: np.ndarray) -> None:
