@@ -171,8 +171,10 @@ DEPTHWISE_CASES = [
 @pytest.mark.parametrize("case", DEPTHWISE_CASES,
                          ids=lambda c: f"{c[0]}d-C{c[2]}-k{c[4]}-{c[8]}-wzp{c[10]}")
 @pytest.mark.parametrize("int8_path, serial_max", [("auto", None), ("auto", 0),
-                                                   ("avx2", None), ("portable", None)],
-                         ids=["vnni-serial", "vnni-parallel", "avx2", "portable"])
+                                                   ("avx2", None), ("avx2", 0),
+                                                   ("portable", None)],
+                         ids=["vnni-serial", "vnni-parallel", "avx2-serial", "avx2-parallel",
+                              "portable"])
 def test_depthwise_kernels_against_int64_reference(case, int8_path, serial_max, monkeypatch):
     """Every depthwise kernel (VNNI where the CPU has it, on the calling thread and in
     parallel; AVX2's register blocks where channels come in whole vectors of 8; the

@@ -382,8 +382,10 @@ def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
         def launch_dw_portable(x: np.ndarray, y: np.ndarray) -> None:
             xs = x.view(np.uint8) ^ np.uint8(flip) if flip else x.view(np.uint8)
             if blocked and y.itemsize == 1 and y.strides[1] == 1:
+                threads = get_num_threads()
+                serial = threads == 1 or y.size * packed.kc < depthwise_kernels.SERIAL_MAX_MACS
                 depthwise_avx2.conv_depthwise_avx2(xs, xzp_u, packed.data, wterm, geo, *tail,
-                                                   y)
+                                                   y, 1 if serial else 4 * threads)
             else:
                 depthwise_kernels.conv_depthwise(xs, xzp_u, packed.data, geo, *tail, y)
         return _with_residual(launch_dw_portable)

@@ -159,41 +159,36 @@ def zero_point_term(wf: np.ndarray, xzp: int) -> np.ndarray:
     return (-float(xzp) * wf.astype(np.float64).sum(axis=0)).astype(np.float32)
 
 
-@njit(parallel=True, cache=True)
-def conv_depthwise_avx2(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi,
-                        out):
-    """Depthwise (groups == C == O) on uint8 x ``(N, D, H, W, C)``: ``wf (taps, C)``
-    float32 ``w - wzp``, ``wterm (C,)`` float32 ``-xzp * sum_t wf[t]``; ``out (M, C)``
-    8-bit, channels contiguous (see :func:`serves`). One output row a work item: its pixels whose taps all
-    lie inside the input read x in place, four at a time; the others read a copy of
-    their window padded with ``xzp``."""
+@njit(inline="always")
+def _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, zero_row,
+          first, last):
+    """Output rows ``first:last`` (over n, od, oh) of :func:`conv_depthwise_avx2`."""
     n_img, d_in, h_in, w_in, chans = x.shape
     kd_n, kh_n, kw_n = geo[0], geo[1], geo[2]
     sw, pw, dw = geo[5], geo[8], geo[11]
     od_n, oh_n, ow_n = geo[12], geo[13], geo[14]
     nrows = kd_n * kh_n
     wflat = wf.reshape(-1)
+    xflat = x.reshape(-1)
     ldo = out.strides[0]
-    x_addr = x.ctypes.data
-    zero_row = np.full(w_in * chans, np.uint8(xzp))  # what a tap row outside x reads
     reach = (kw_n - 1) * dw
     lo_ow = min(ow_n, (pw + sw - 1) // sw)  # pixels [lo_ow, hi_ow) read x in place
     hi_ow = max(lo_ow, min(ow_n, (w_in - 1 + pw - reach) // sw + 1))
     flo, fhi, fzp = np.float64(lo), np.float64(hi), np.float64(zp)
-    xflat = x.reshape(-1)
-    for item in prange(n_img * od_n * oh_n):
+    rows = np.empty(nrows, np.int64)  # byte addresses of the tap rows
+    offsets = np.empty(nrows, np.int64)  # their offsets in x, or -1 outside x
+    window = np.empty(nrows * kw_n * chans, np.uint8)
+    win_rows = np.empty(nrows, np.int64)
+    for r in range(nrows):
+        win_rows[r] = window.ctypes.data + r * kw_n * chans
+    for item in range(first, last):
         n, od, oh = item // (od_n * oh_n), (item // oh_n) % od_n, item % oh_n
-        rows = np.empty(nrows, np.int64)
-        inside = np.empty(nrows, np.bool_)
-        window = np.empty(nrows * kw_n * chans, np.uint8)
-        win_rows = np.empty(nrows, np.int64)
         for r in range(nrows):
             iz = od * geo[3] - geo[6] + (r // kh_n) * geo[9]
             iy = oh * geo[4] - geo[7] + (r % kh_n) * geo[10]
-            inside[r] = 0 <= iz < d_in and 0 <= iy < h_in
-            rows[r] = (x_addr + ((n * d_in + iz) * h_in + iy) * w_in * chans if inside[r]
-                       else zero_row.ctypes.data)
-            win_rows[r] = window.ctypes.data + r * kw_n * chans
+            inside = 0 <= iz < d_in and 0 <= iy < h_in
+            offsets[r] = ((n * d_in + iz) * h_in + iy) * w_in * chans if inside else -1
+            rows[r] = x.ctypes.data + offsets[r] if inside else zero_row.ctypes.data
         m0 = item * ow_n
         ow = lo_ow
         while ow < hi_ow:
@@ -213,9 +208,8 @@ def conv_depthwise_avx2(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, 
                 for j in range(kw_n):
                     ix = ow * sw - pw + j * dw
                     at = (r * kw_n + j) * chans
-                    if inside[r] and 0 <= ix < w_in:
-                        src = (((n * d_in + od * geo[3] - geo[6] + (r // kh_n) * geo[9]) * h_in
-                                + oh * geo[4] - geo[7] + (r % kh_n) * geo[10]) * w_in + ix) * chans
+                    if offsets[r] >= 0 and 0 <= ix < w_in:
+                        src = offsets[r] + ix * chans
                         window[at:at + chans] = xflat[src:src + chans]
                     else:
                         window[at:at + chans] = xzp
@@ -225,3 +219,23 @@ def conv_depthwise_avx2(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, 
             else:
                 _pixels(out, (m0 + ow) * ldo, ldo, win_rows, 0, 0, chans, kw_n, wflat, chans,
                         wterm, bias_i, mult, flo, fhi, fzp, 1)
+
+
+@njit(parallel=True, cache=True)
+def conv_depthwise_avx2(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi,
+                        out, parts):
+    """Depthwise (groups == C == O) on uint8 x ``(N, D, H, W, C)``: ``wf (taps, C)``
+    float32 ``w - wzp``, ``wterm (C,)`` float32 ``-xzp * sum_t wf[t]``; ``out (M, C)``
+    8-bit, channels contiguous (see :func:`serves`). The output rows are split into
+    ``parts`` work items (1: all on the calling thread, no parallel region). In a row,
+    the pixels whose taps all lie inside the input read x in place, four at a time;
+    the others read a copy of their window padded with ``xzp``."""
+    zero_row = np.full(x.shape[3] * x.shape[4], np.uint8(xzp))  # read for rows outside x
+    total = out.shape[0] // geo[14]
+    if parts == 1:
+        _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, zero_row,
+              0, total)
+        return
+    for part in prange(parts):
+        _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, zero_row,
+              part * total // parts, (part + 1) * total // parts)
