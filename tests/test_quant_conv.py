@@ -16,7 +16,7 @@ import pytest
 
 import convengine
 from convengine import ConvSetupError, qconv
-from convengine.quant import HAS_AMX, HAS_VNNI, cpu
+from convengine.quant import HAS_AMX, HAS_VNNI, cpu, depthwise_avx2
 from convengine.quant import depthwise as depthwise_kernels
 from convengine.quant.cpu import HAS_AVX2
 from convengine.quant.numerics import apply_requant, requant_params
@@ -171,7 +171,7 @@ DEPTHWISE_CASES = [
 @pytest.mark.parametrize("case", DEPTHWISE_CASES,
                          ids=lambda c: f"{c[0]}d-C{c[2]}-k{c[4]}-{c[8]}-wzp{c[10]}")
 @pytest.mark.parametrize("int8_path, serial_max", [("auto", None), ("auto", 0),
-                                                   ("avx2", None), ("avx2", 0),
+                                                   ("avx2", 10**12), ("avx2", 0),
                                                    ("portable", None)],
                          ids=["vnni-serial", "vnni-parallel", "avx2-serial", "avx2-parallel",
                               "portable"])
@@ -196,6 +196,7 @@ def test_depthwise_kernels_against_int64_reference(case, int8_path, serial_max, 
     monkeypatch.setattr(cpu, "_forced", int8_path)
     if serial_max is not None:
         monkeypatch.setattr(depthwise_kernels, "SERIAL_MAX_MACS", serial_max)
+        monkeypatch.setattr(depthwise_avx2, "SERIAL_MAX_MACS", serial_max)
     acc = ref_acc(x, xzp, w, wzp, **conv_args)
     raw = qconv(x, 0.02, xzp, w, ws, wzp, out_dtype=np.int32, algo="depthwise", **conv_args)
     assert_equal_q(raw, acc, "raw accumulator")

@@ -383,9 +383,12 @@ def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
             xs = x.view(np.uint8) ^ np.uint8(flip) if flip else x.view(np.uint8)
             if blocked and y.itemsize == 1 and y.strides[1] == 1:
                 threads = get_num_threads()
-                serial = threads == 1 or y.size * packed.kc < depthwise_kernels.SERIAL_MAX_MACS
-                depthwise_avx2.conv_depthwise_avx2(xs, xzp_u, packed.data, wterm, geo, *tail,
-                                                   y, 1 if serial else 4 * threads)
+                if threads == 1 or y.size * packed.kc < depthwise_avx2.SERIAL_MAX_MACS:
+                    depthwise_avx2.conv_depthwise_avx2_serial(xs, xzp_u, packed.data, wterm,
+                                                              geo, *tail, y)
+                else:
+                    depthwise_avx2.conv_depthwise_avx2(xs, xzp_u, packed.data, wterm, geo,
+                                                       *tail, y, 4 * threads)
             else:
                 depthwise_kernels.conv_depthwise(xs, xzp_u, packed.data, geo, *tail, y)
         return _with_residual(launch_dw_portable)

@@ -33,6 +33,11 @@ from .cpu import HAS_AVX2, _features
 MAX_TAPS = (1 << 24) // (2 * 255 * 255)  # 129: the float32 sums' exactness bound
 LANES = 8  # float32 lanes of a ymm register
 BLOCK = 4  # output pixels per register block
+# Below this many multiply-adds a layer runs on the calling thread. This kernel does
+# about a fifth of the VNNI one's work a microsecond, so a second thread pays off far
+# sooner (Zen 3, 2 threads, back to back: 0.08M MACs 15 us serial, 9 in parallel;
+# 0.42M 77 against 33)
+SERIAL_MAX_MACS = 50_000
 #: AVX2 with FMA: the kernel's multiply-adds (every AVX2 CPU convengine targets has both)
 AVAILABLE = HAS_AVX2 and bool(_features.get("fma"))
 _F32 = ir.FloatType()
@@ -227,15 +232,22 @@ def conv_depthwise_avx2(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, 
     """Depthwise (groups == C == O) on uint8 x ``(N, D, H, W, C)``: ``wf (taps, C)``
     float32 ``w - wzp``, ``wterm (C,)`` float32 ``-xzp * sum_t wf[t]``; ``out (M, C)``
     8-bit, channels contiguous (see :func:`serves`). The output rows are split into
-    ``parts`` work items (1: all on the calling thread, no parallel region). In a row,
-    the pixels whose taps all lie inside the input read x in place, four at a time;
-    the others read a copy of their window padded with ``xzp``."""
+    ``parts`` work items. In a row, the pixels whose taps all lie inside the input
+    read x in place, four at a time; the others read a copy of their window padded
+    with ``xzp``."""
     zero_row = np.full(x.shape[3] * x.shape[4], np.uint8(xzp))  # read for rows outside x
     total = out.shape[0] // geo[14]
-    if parts == 1:
-        _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, zero_row,
-              0, total)
-        return
     for part in prange(parts):
         _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, zero_row,
               part * total // parts, (part + 1) * total // parts)
+
+
+@njit(cache=True)
+def conv_depthwise_avx2_serial(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo,
+                               hi, out):
+    """:func:`conv_depthwise_avx2` on the calling thread (no parallel region: for small
+    layers). In a parallel function the same rows outside its ``prange`` ran 5-10x
+    slower."""
+    zero_row = np.full(x.shape[3] * x.shape[4], np.uint8(xzp))
+    _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, zero_row, 0,
+          out.shape[0] // geo[14])
