@@ -49,27 +49,33 @@ _VB = ir.VectorType(ir.IntType(8), LANES)
 def _block(width: int, nvec: int) -> Any:
     """An ``@intrinsic`` for ``width`` output pixels times ``nvec`` vectors of 8 channels:
 
-        out[oo + b * ldo + l] = requant(wterm[c0 + l] + sum_{r, j} x8[rows[r] + col
-                                        + b * pix + j * tap + l] * wf[(r * kw + j) * C + c0 + l])
+        out[oo + b * ldo + l] = requant(wterm[c0 + l] + sum_{r, j} row_r[col + b * pix
+                                        + j * tap + l] * wf[(r * kw + j) * C + c0 + l])
 
-    for ``b < width``, ``l < 8 * nvec``, ``r < len(rows)``, ``j < kw``; ``rows`` holds
-    byte addresses, ``x8`` is memory as bytes, ``out`` an 8-bit array, ``ldo`` its row
-    stride. ``requant``: ``_avx2._requant`` of the (exact) sum with ``bias`` and ``mult``
-    at ``c0`` (float32 ``bias``: mode 0; int32: mode 1), ``lo``, ``hi``, ``zp``."""
+    for ``b < width``, ``l < 8 * nvec``, ``r < len(offsets)``, ``j < kw``, where tap row
+    ``r`` is ``src[offsets[r]:]``, or ``zero`` where ``offsets[r] < 0`` (uint8 arrays);
+    ``out`` an 8-bit array, ``ldo`` its row stride. ``requant``: ``_avx2._requant`` of
+    the (exact) sum with ``bias`` and ``mult`` at ``c0`` (float32 ``bias``: mode 0;
+    int32: mode 1), ``lo``, ``hi``, ``zp``. Arrays only, no raw addresses: with the
+    rows' addresses taken by numba's ``.ctypes.data`` in the kernel, a PyTorch benchmark
+    process died twice in a row in a later ``free`` ("double free or corruption"),
+    and never since."""
 
-    def block(typingctx, out, oo, ldo, rows, col, pix, tap, kw, wf, c_n, c0, wterm, bias,
-              mult, lo, hi, zp):
+    def block(typingctx, out, oo, ldo, src, zero, offsets, col, pix, tap, kw, wf, c_n, c0,
+              wterm, bias, mult, lo, hi, zp):
         i, f = types.intp, types.float64
-        sig = types.void(out, i, i, rows, i, i, i, i, wf, i, i, wterm, bias, mult, f, f, f)
+        sig = types.void(out, i, i, src, zero, offsets, i, i, i, i, wf, i, i, wterm, bias,
+                         mult, f, f, f)
         onnx = isinstance(bias.dtype, types.Integer)
 
         def codegen(context, builder, signature, args):
-            (out_a, oo_v, ldo_v, rows_a, col_v, pix_v, tap_v, kw_v, wf_a, cn_v, c0_v,
-             wterm_a, bias_a, mult_a, lo_v, hi_v, zp_v) = args
+            (_, oo_v, ldo_v, _, _, offsets_a, col_v, pix_v, tap_v, kw_v, _, cn_v, c0_v,
+             _, _, _, lo_v, hi_v, zp_v) = args
             intp = oo_v.type
             arrays = {k: context.make_array(signature.args[k])(context, builder, args[k]).data
-                      for k in (0, 3, 8, 11, 12, 13)}
+                      for k in (0, 3, 4, 5, 10, 13, 14, 15)}
             byte_ptr = ir.IntType(8).as_pointer()
+            src_p, zero_p = (builder.bitcast(arrays[k], byte_ptr) for k in (3, 4))
 
             def const(v: int) -> ir.Value:
                 return ir.Constant(intp, v)
@@ -80,27 +86,29 @@ def _block(width: int, nvec: int) -> Any:
             def channel(v: int) -> ir.Value:
                 return builder.add(c0_v, const(LANES * v))
 
-            start = [builder.load(vector_at(arrays[11], channel(v), _VF), align=4)
+            start = [builder.load(vector_at(arrays[13], channel(v), _VF), align=4)
                      for v in range(nvec)]
             accs = [[cgutils.alloca_once_value(builder, start[v]) for v in range(nvec)]
                     for _ in range(width)]
             fma = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v8f32")
-            nrows = context.make_array(signature.args[3])(context, builder, rows_a).nitems
+            nrows = context.make_array(signature.args[5])(context, builder, offsets_a).nitems
             with cgutils.for_range(builder, nrows) as row_loop:
                 r = row_loop.index
-                row = builder.add(builder.load(builder.gep(arrays[3], [r])), col_v)
+                offset = builder.load(builder.gep(arrays[5], [r]))
+                inside = builder.icmp_signed(">=", offset, const(0))
+                base = builder.select(inside, builder.gep(src_p, [offset]), zero_p)
+                row = builder.gep(base, [col_v])
                 with cgutils.for_range(builder, kw_v) as tap_loop:
                     j = tap_loop.index
                     t = builder.add(builder.mul(r, kw_v), j)
-                    at = builder.add(row, builder.mul(j, tap_v))
+                    at = builder.gep(row, [builder.mul(j, tap_v)])
                     for v in range(nvec):
-                        w = builder.load(vector_at(arrays[8], builder.add(
+                        w = builder.load(vector_at(arrays[10], builder.add(
                             builder.mul(t, cn_v), channel(v)), _VF), align=4)
                         for b in range(width):
-                            addr = builder.add(at, builder.add(builder.mul(const(b), pix_v),
-                                                               const(LANES * v)))
-                            ptr = builder.inttoptr(addr, _VB.as_pointer())
+                            ptr = vector_at(at, builder.add(builder.mul(const(b), pix_v),
+                                                            const(LANES * v)), _VB)
                             xv = builder.sitofp(builder.zext(builder.load(ptr, align=1), _VI),
                                                 _VF)
                             acc = accs[b][v]
@@ -111,9 +119,9 @@ def _block(width: int, nvec: int) -> Any:
                 lo_q, hi_q, zp_q = (builder.fptrunc(v, _F32) for v in (lo_v, hi_v, zp_v))
             out_base = builder.bitcast(arrays[0], byte_ptr)
             for v in range(nvec):
-                bias_v = builder.load(vector_at(arrays[12], channel(v), _VI if onnx else _VF),
+                bias_v = builder.load(vector_at(arrays[14], channel(v), _VI if onnx else _VF),
                                       align=4)
-                mult_v = builder.load(vector_at(arrays[13], channel(v), _VF), align=4)
+                mult_v = builder.load(vector_at(arrays[15], channel(v), _VF), align=4)
                 for b in range(width):
                     total = builder.fptosi(builder.load(accs[b][v]), _VI)
                     q = _requant(builder, total, bias_v, mult_v, lo_q, hi_q, zp_q, onnx)
@@ -133,22 +141,22 @@ _block1_16, _block1_8 = _block(1, 2), _block(1, 1)
 
 
 @njit(inline="always")
-def _pixels(out, oo, ldo, rows, col, pix, tap, kw, wf, chans, wterm, bias, mult, lo, hi,
-            zp, width):
+def _pixels(out, oo, ldo, src, zero, offsets, col, pix, tap, kw, wf, chans, wterm, bias,
+            mult, lo, hi, zp, width):
     """``width`` (1 or 4) adjacent pixels of one output row over all channels."""
     for c0 in range(0, chans, 2 * LANES):
         if chans - c0 >= 2 * LANES:
             if width == BLOCK:
-                _block4_16(out, oo + c0, ldo, rows, col + c0, pix, tap, kw, wf, chans, c0,
+                _block4_16(out, oo + c0, ldo, src, zero, offsets, col + c0, pix, tap, kw, wf, chans, c0,
                            wterm, bias, mult, lo, hi, zp)
             else:
-                _block1_16(out, oo + c0, ldo, rows, col + c0, pix, tap, kw, wf, chans, c0,
+                _block1_16(out, oo + c0, ldo, src, zero, offsets, col + c0, pix, tap, kw, wf, chans, c0,
                            wterm, bias, mult, lo, hi, zp)
         elif width == BLOCK:
-            _block4_8(out, oo + c0, ldo, rows, col + c0, pix, tap, kw, wf, chans, c0, wterm,
+            _block4_8(out, oo + c0, ldo, src, zero, offsets, col + c0, pix, tap, kw, wf, chans, c0, wterm,
                       bias, mult, lo, hi, zp)
         else:
-            _block1_8(out, oo + c0, ldo, rows, col + c0, pix, tap, kw, wf, chans, c0, wterm,
+            _block1_8(out, oo + c0, ldo, src, zero, offsets, col + c0, pix, tap, kw, wf, chans, c0, wterm,
                       bias, mult, lo, hi, zp)
 
 
@@ -180,12 +188,9 @@ def _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, z
     lo_ow = min(ow_n, (pw + sw - 1) // sw)  # pixels [lo_ow, hi_ow) read x in place
     hi_ow = max(lo_ow, min(ow_n, (w_in - 1 + pw - reach) // sw + 1))
     flo, fhi, fzp = np.float64(lo), np.float64(hi), np.float64(zp)
-    rows = np.empty(nrows, np.int64)  # byte addresses of the tap rows
-    offsets = np.empty(nrows, np.int64)  # their offsets in x, or -1 outside x
+    offsets = np.empty(nrows, np.int64)  # the tap rows' offsets in x, or -1 outside x
     window = np.empty(nrows * kw_n * chans, np.uint8)
-    win_rows = np.empty(nrows, np.int64)
-    for r in range(nrows):
-        win_rows[r] = window.ctypes.data + r * kw_n * chans
+    win_rows = np.arange(nrows) * (kw_n * chans)  # the window's rows
     for item in range(first, last):
         n, od, oh = item // (od_n * oh_n), (item // oh_n) % od_n, item % oh_n
         for r in range(nrows):
@@ -193,18 +198,19 @@ def _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, z
             iy = oh * geo[4] - geo[7] + (r % kh_n) * geo[10]
             inside = 0 <= iz < d_in and 0 <= iy < h_in
             offsets[r] = ((n * d_in + iz) * h_in + iy) * w_in * chans if inside else -1
-            rows[r] = x.ctypes.data + offsets[r] if inside else zero_row.ctypes.data
         m0 = item * ow_n
         ow = lo_ow
         while ow < hi_ow:
             width = BLOCK if hi_ow - ow >= BLOCK else 1
             col = (ow * sw - pw) * chans
             if mode == 0:
-                _pixels(out, (m0 + ow) * ldo, ldo, rows, col, sw * chans, dw * chans, kw_n,
-                        wflat, chans, wterm, bias_f, mult, flo, fhi, fzp, width)
+                _pixels(out, (m0 + ow) * ldo, ldo, xflat, zero_row, offsets, col, sw * chans,
+                        dw * chans, kw_n, wflat, chans, wterm, bias_f, mult, flo, fhi, fzp,
+                        width)
             else:
-                _pixels(out, (m0 + ow) * ldo, ldo, rows, col, sw * chans, dw * chans, kw_n,
-                        wflat, chans, wterm, bias_i, mult, flo, fhi, fzp, width)
+                _pixels(out, (m0 + ow) * ldo, ldo, xflat, zero_row, offsets, col, sw * chans,
+                        dw * chans, kw_n, wflat, chans, wterm, bias_i, mult, flo, fhi, fzp,
+                        width)
             ow += width
         for ow in range(ow_n):
             if lo_ow <= ow < hi_ow:
@@ -219,11 +225,11 @@ def _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, z
                     else:
                         window[at:at + chans] = xzp
             if mode == 0:
-                _pixels(out, (m0 + ow) * ldo, ldo, win_rows, 0, 0, chans, kw_n, wflat, chans,
-                        wterm, bias_f, mult, flo, fhi, fzp, 1)
+                _pixels(out, (m0 + ow) * ldo, ldo, window, window, win_rows, 0, 0, chans,
+                        kw_n, wflat, chans, wterm, bias_f, mult, flo, fhi, fzp, 1)
             else:
-                _pixels(out, (m0 + ow) * ldo, ldo, win_rows, 0, 0, chans, kw_n, wflat, chans,
-                        wterm, bias_i, mult, flo, fhi, fzp, 1)
+                _pixels(out, (m0 + ow) * ldo, ldo, window, window, win_rows, 0, 0, chans,
+                        kw_n, wflat, chans, wterm, bias_i, mult, flo, fhi, fzp, 1)
 
 
 @njit(parallel=True, cache=True)
