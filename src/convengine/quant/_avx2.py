@@ -120,9 +120,10 @@ def _requant_onnx(builder, s, mult, lo, hi, zp) -> ir.Value:
     2**-11 of the float64 value inside the clamp range, so both round alike unless a
     lane lies within ``_ir.TIE_MARGIN`` of a half-integer (the argument of
     :func:`convengine.quant._ir.requant_i32_codegen`, the AVX-512 form); a vector with
-    such a lane (every exact tie) is computed again in float64. The float64 form on
-    every vector took 35-40% of a 3x3 depthwise layer's time (56x56x144, Zen 3); in the
-    dense kernels it was within noise of this one."""
+    such a lane (every exact tie) is computed again in float64. With the float64 form
+    on every vector the AVX2 depthwise kernel's ONNX mode took 1.3-1.6x its float-bias
+    mode's time (56x56x144, Zen 3), 1.2x with this one; in the dense kernels the two
+    were within noise of each other."""
     vf = ir.VectorType(ir.FloatType(), 8)
     f32 = ir.FloatType()
     fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]),
