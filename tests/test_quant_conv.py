@@ -279,9 +279,9 @@ def test_int32_bias_requantization_ties_and_saturation(k, path, monkeypatch):
 @pytest.mark.parametrize("path", ["vnni", "avx2"])
 def test_int32_bias_requantization_where_float32_misrounds(path, monkeypatch):
     """Sums beyond 2**24 (float32 rounds them) whose float64 value lies just off a
-    half-integer: the VNNI micro-kernels' float32 first pass must hand these lanes to
-    float64 (AVX2's computes every lane in float64). The case is checked to tell the two
-    apart (float32 alone gets some lanes wrong)."""
+    half-integer: the micro-kernels' float32 first pass (VNNI's 16 lanes, AVX2's 8) must
+    hand these lanes to float64. The case is checked to tell the two apart (float32
+    alone gets some lanes wrong)."""
     if not {"vnni": HAS_VNNI, "avx2": HAS_AVX2}[path]:
         pytest.skip(f"no {path} on this CPU")
     monkeypatch.setattr(cpu, "int8_path", lambda: path)

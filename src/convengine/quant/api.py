@@ -374,14 +374,14 @@ def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
                 depthwise_kernels.conv_depthwise_vnni(x.view(np.uint8), *dw, threads, *tail, y)
         return _with_residual(launch_dw)
     if path == "depthwise":
-        blocked = (cpu.int8_path() != "portable"
-                   and depthwise_avx2.serves(problem.in_channels, packed.data.shape[0],
-                                             plan.mode))
-        wterm = depthwise_avx2.zero_point_term(packed.data, xzp_u) if blocked else None
+        in_registers = (cpu.int8_path() != "portable"
+                        and depthwise_avx2.serves(problem.in_channels, packed.data.shape[0],
+                                                  plan.mode))
+        wterm = depthwise_avx2.zero_point_term(packed.data, xzp_u) if in_registers else None
 
         def launch_dw_portable(x: np.ndarray, y: np.ndarray) -> None:
             xs = x.view(np.uint8) ^ np.uint8(flip) if flip else x.view(np.uint8)
-            if blocked and y.itemsize == 1 and y.strides[1] == 1:
+            if in_registers and y.itemsize == 1 and y.strides[1] == 1:
                 threads = get_num_threads()
                 if threads == 1 or y.size * packed.kc < depthwise_avx2.SERIAL_MAX_MACS:
                     depthwise_avx2.conv_depthwise_avx2_serial(xs, xzp_u, packed.data, wterm,

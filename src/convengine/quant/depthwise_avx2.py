@@ -145,19 +145,20 @@ def _pixels(out, oo, ldo, src, zero, offsets, col, pix, tap, kw, wf, chans, wter
             mult, lo, hi, zp, width):
     """``width`` (1 or 4) adjacent pixels of one output row over all channels."""
     for c0 in range(0, chans, 2 * LANES):
+        at, start = oo + c0, col + c0
         if chans - c0 >= 2 * LANES:
             if width == BLOCK:
-                _block4_16(out, oo + c0, ldo, src, zero, offsets, col + c0, pix, tap, kw, wf, chans, c0,
-                           wterm, bias, mult, lo, hi, zp)
+                _block4_16(out, at, ldo, src, zero, offsets, start, pix, tap, kw, wf, chans,
+                           c0, wterm, bias, mult, lo, hi, zp)
             else:
-                _block1_16(out, oo + c0, ldo, src, zero, offsets, col + c0, pix, tap, kw, wf, chans, c0,
-                           wterm, bias, mult, lo, hi, zp)
+                _block1_16(out, at, ldo, src, zero, offsets, start, pix, tap, kw, wf, chans,
+                           c0, wterm, bias, mult, lo, hi, zp)
         elif width == BLOCK:
-            _block4_8(out, oo + c0, ldo, src, zero, offsets, col + c0, pix, tap, kw, wf, chans, c0, wterm,
-                      bias, mult, lo, hi, zp)
+            _block4_8(out, at, ldo, src, zero, offsets, start, pix, tap, kw, wf, chans, c0,
+                      wterm, bias, mult, lo, hi, zp)
         else:
-            _block1_8(out, oo + c0, ldo, src, zero, offsets, col + c0, pix, tap, kw, wf, chans, c0, wterm,
-                      bias, mult, lo, hi, zp)
+            _block1_8(out, at, ldo, src, zero, offsets, start, pix, tap, kw, wf, chans, c0,
+                      wterm, bias, mult, lo, hi, zp)
 
 
 def serves(chans: int, taps: int, mode: int) -> bool:
