@@ -80,6 +80,7 @@ CASES = [
     (2, 1, 7, 9, 5, 2, 1, 0, 1, 1, "uint8", "int8", False),
     (2, 1, 64, 130, 5, 1, 1, 0, 1, 1, "uint8", "int8", True),
     (2, 2, 128, 70, 7, 1, 1, 0, 1, 1, "uint8", "int8", True),  # x read in place, 98 rows
+    (2, 1, 130, 40, 6, 3, 1, 1, 1, 1, "uint8", "int8", True),  # K = 1170: several K chunks
     (1, 3, 10, 20, 11, 3, 2, 2, 1, 2, "uint8", "int8", True),
     (1, 2, 6, 6, 9, 5, 1, 2, 2, 6, "int8", "int8", False),
     (3, 1, 8, 12, 5, 3, 1, 1, 1, 1, "uint8", "int8", True),

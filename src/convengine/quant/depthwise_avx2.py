@@ -27,8 +27,9 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._avx2 import _requant
+from ._avx2 import _requant, store_bytes
 from .cpu import HAS_AVX2, _features
+from .depthwise import _row_source
 
 MAX_TAPS = (1 << 24) // (2 * 255 * 255)  # 129: the float32 sums' exactness bound
 LANES = 8  # float32 lanes of a ymm register
@@ -118,16 +119,16 @@ def _block(width: int, nvec: int) -> Any:
             else:
                 lo_q, hi_q, zp_q = (builder.fptrunc(v, _F32) for v in (lo_v, hi_v, zp_v))
             out_base = builder.bitcast(arrays[0], byte_ptr)
-            for v in range(nvec):
-                bias_v = builder.load(vector_at(arrays[14], channel(v), _VI if onnx else _VF),
-                                      align=4)
-                mult_v = builder.load(vector_at(arrays[15], channel(v), _VF), align=4)
-                for b in range(width):
-                    total = builder.fptosi(builder.load(accs[b][v]), _VI)
-                    q = _requant(builder, total, bias_v, mult_v, lo_q, hi_q, zp_q, onnx)
-                    at = builder.add(oo_v, builder.add(builder.mul(const(b), ldo_v),
-                                                       const(LANES * v)))
-                    builder.store(builder.trunc(q, _VB), vector_at(out_base, at, _VB), align=1)
+            consts = [(builder.load(vector_at(arrays[14], channel(v), _VI if onnx else _VF),
+                                    align=4),
+                       builder.load(vector_at(arrays[15], channel(v), _VF), align=4))
+                      for v in range(nvec)]
+            for b in range(width):
+                qs = [_requant(builder, builder.fptosi(builder.load(accs[b][v]), _VI),
+                               *consts[v], lo_q, hi_q, zp_q, onnx) for v in range(nvec)]
+                at = builder.add(oo_v, builder.mul(const(b), ldo_v))
+                store_bytes(builder, qs, builder.gep(out_base, [at]),
+                            signature.args[0].dtype.signed)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -177,7 +178,7 @@ def zero_point_term(wf: np.ndarray, xzp: int) -> np.ndarray:
 def _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, zero_row,
           first, last):
     """Output rows ``first:last`` (over n, od, oh) of :func:`conv_depthwise_avx2`."""
-    n_img, d_in, h_in, w_in, chans = x.shape
+    w_in, chans = x.shape[3], x.shape[4]
     kd_n, kh_n, kw_n = geo[0], geo[1], geo[2]
     sw, pw, dw = geo[5], geo[8], geo[11]
     od_n, oh_n, ow_n = geo[12], geo[13], geo[14]
@@ -195,10 +196,8 @@ def _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, z
     for item in range(first, last):
         n, od, oh = item // (od_n * oh_n), (item // oh_n) % od_n, item % oh_n
         for r in range(nrows):
-            iz = od * geo[3] - geo[6] + (r // kh_n) * geo[9]
-            iy = oh * geo[4] - geo[7] + (r % kh_n) * geo[10]
-            inside = 0 <= iz < d_in and 0 <= iy < h_in
-            offsets[r] = ((n * d_in + iz) * h_in + iy) * w_in * chans if inside else -1
+            offset, inside, _ = _row_source(r, nrows, n, od, oh, geo, x.shape, xzp)
+            offsets[r] = offset if inside else -1
         m0 = item * ow_n
         ow = lo_ow
         while ow < hi_ow:
