@@ -242,6 +242,44 @@ def test_depthwise_requantization_ties_and_saturation(c):
                            f"{mode} {np.dtype(out_dtype)} zp={zp}")
 
 
+@pytest.mark.parametrize("high_share", [0.0, 0.003, 0.3])
+@pytest.mark.parametrize("c,o,size,k,stride,pad", [(64, 32, 9, 3, 1, 1), (5, 16, 8, 3, 2, 0),
+                                                   (130, 48, 6, 3, 1, 1), (64, 64, 7, 1, 1, 0)],
+                         ids=["3x3", "3x3-s2-K45", "3x3-K1170", "1x1-direct"])
+def test_avx2_seven_bit_path(c, o, size, k, stride, pad, high_share, monkeypatch):
+    """AVX2's tiles for activations below 128 (vpmaddubsw on the low 7 bits, the high
+    bytes as corrections): exact against the int64 reference with none, a few and many
+    bytes at 128 or more, for PyTorch's and ONNX's requantization and both 8-bit
+    outputs; taken where the share of high bytes is at most 1 / SEVEN_BIT_SHARE, else
+    the int16 tiles run."""
+    from convengine.quant import kernels
+
+    if not HAS_AVX2:
+        pytest.skip("no avx2 on this CPU")
+    monkeypatch.setattr(kernels, "SEVEN_BIT_SHARE", 100)  # 1%: the 0.3% case qualifies
+    calls = []
+    real = kernels.conv_avx2_7bit
+    monkeypatch.setattr(kernels, "conv_avx2_7bit", lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(c * o + k)
+    x = rng.integers(0, 128, (2, c, size, size)).astype(np.uint8)
+    high = rng.random(x.shape) < high_share
+    x[high] = rng.integers(128, 256, high.sum())
+    w = rng.integers(-128, 128, (o, c, k, k)).astype(np.int8)
+    ws, xzp = rng.uniform(1e-3, 2e-2, o), 9
+    acc = np.moveaxis(ref_acc(x, xzp, w, 0, (stride,) * 2, (pad,) * 2, (1, 1), 1), 1, -1)
+    bias = rng.normal(0, 50, o).astype(np.float32)
+    for out_dtype, mode, relu in [(np.uint8, "float", True), (np.int8, "float", False),
+                                  (np.uint8, "int32", False)]:
+        b = bias if mode == "float" else np.round(bias * 100).astype(np.int32)
+        want = apply_requant(acc.astype(np.int32), requant_params(
+            0.02, ws, 0.7, 3, o, b, out_dtype=out_dtype, relu=relu, bias_mode=mode), out_dtype)
+        y = qconv(x, 0.02, xzp, w, ws, 0, b, out_scale=0.7, out_zero_point=3,
+                  out_dtype=out_dtype, relu=relu, bias_mode=mode, stride=stride,
+                  padding=pad, algo="avx2")
+        assert_equal_q(np.moveaxis(y, 1, -1), want, f"{np.dtype(out_dtype)} {mode}")
+    assert len(calls) == (0 if high_share > 0.01 else 3)
+
+
 @pytest.mark.parametrize("k,path", [(1, "vnni"), (3, "vnni"), (1, "avx2"), (3, "avx2")])
 def test_int32_bias_requantization_ties_and_saturation(k, path, monkeypatch):
     """ONNX's float64 epilogue in the micro-kernels (VNNI 1x1: conv_vnni; 3x3: implicit

@@ -32,34 +32,62 @@ NR = 16  # columns (output channels) per tile: two ymm of int32
 _I32 = ir.IntType(32)
 _V8 = ir.VectorType(_I32, 8)
 _W16 = ir.VectorType(ir.IntType(16), 16)
+_B32 = ir.VectorType(ir.IntType(8), 32)
 
 
-def _tile(context, builder, signature, args) -> list[list[ir.Value]]:
+def _tile(context, builder, signature, args, start: int | None = None,
+          seven_bit: bool = False) -> list[list[ir.Value]]:
     """The 6 x 2 accumulator allocas of the tile of ``args[:7]`` (a, a_off, lda, b,
-    b_off, kc2, mr: see the module doc)."""
+    b_off, k_steps, mr: see the module doc), started from the int32 tile at
+    ``args[start][args[start + 1]:]``, rows ``args[start + 2]`` apart (0: one row for
+    all), if ``start`` is given, else from zero.
+
+    ``seven_bit``: A holds bytes below 128 and B int8 weights packed (Kc/4, 16, 4);
+    each step multiplies a quad of bytes by ``vpmaddubsw`` (pairs of products, at most
+    2 * 127 * 128 in size, so never saturated) and adds the pairs by ``vpmaddwd`` with
+    ones. Else A holds int16 pairs and B (Kc/2, 16, 2) int16, one ``vpmaddwd``."""
     a_arr, b_arr = (context.make_array(signature.args[k])(context, builder, args[k])
                     for k in (0, 3))
-    _, a_off_v, lda_v, _, b_off_v, kc2_v, mr_v = args[:7]
+    _, a_off_v, lda_v, _, b_off_v, steps_v, mr_v = args[:7]
     intp = a_off_v.type
     pmadd = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(_V8, [_W16, _W16]), "llvm.x86.avx2.pmadd.wd")
+    operand = _B32 if seven_bit else _W16  # one register of B: 16 columns x 2 (or 4) values
     rows = row_pointers(builder, builder.gep(a_arr.data, [a_off_v]), MR, mr_v, lda_v)
-    rows = [builder.bitcast(p, _I32.as_pointer()) for p in rows]  # int16 pairs
-    b0 = builder.bitcast(builder.gep(b_arr.data, [b_off_v]), _W16.as_pointer())
-    accs = [[cgutils.alloca_once_value(builder, ir.Constant(_V8, None)) for _ in range(2)]
-            for _ in range(MR)]
-    with cgutils.for_range(builder, kc2_v) as loop:
+    rows = [builder.bitcast(p, _I32.as_pointer()) for p in rows]  # int16 pairs, byte quads
+    b0 = builder.bitcast(builder.gep(b_arr.data, [b_off_v]), operand.as_pointer())
+    if start is None:
+        first = [[ir.Constant(_V8, None)] * 2 for _ in range(MR)]
+    else:
+        c_arr = context.make_array(signature.args[start])(context, builder, args[start])
+        c0 = builder.gep(c_arr.data, [args[start + 1]])
+        ld = args[start + 2]
+        first = [[builder.load(builder.bitcast(builder.gep(c0, [builder.add(
+            builder.mul(ir.Constant(intp, r), ld), ir.Constant(intp, 8 * j))]),
+            _V8.as_pointer()), align=4) for j in range(2)] for r in range(MR)]
+    accs = [[cgutils.alloca_once_value(builder, first[r][j]) for j in range(2)]
+            for r in range(MR)]
+    if seven_bit:
+        maddubs = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_W16, [_B32, _B32]), "llvm.x86.avx2.pmadd.ub.sw")
+        ones = ir.Constant(_W16, [1] * 16)
+
+        def product(av: ir.Value, wv: ir.Value) -> ir.Value:
+            return builder.call(pmadd, [builder.call(maddubs, [av, wv]), ones])
+    else:
+        def product(av: ir.Value, wv: ir.Value) -> ir.Value:
+            return builder.call(pmadd, [av, wv])
+    with cgutils.for_range(builder, steps_v) as loop:
         k = loop.index
         wv = [builder.load(builder.gep(b0, [builder.add(builder.mul(k, ir.Constant(intp, 2)),
                                                         ir.Constant(intp, j))]), align=2)
               for j in range(2)]
         for r in range(MR):
-            pair = builder.load(builder.gep(rows[r], [k]), align=2)
-            av = builder.bitcast(splat(builder, pair, _V8), _W16)
+            group = builder.load(builder.gep(rows[r], [k]), align=2)
+            av = builder.bitcast(splat(builder, group, _V8), operand)
             for j in range(2):
                 acc = accs[r][j]
-                builder.store(builder.add(builder.load(acc), builder.call(pmadd, [av, wv[j]])),
-                              acc)
+                builder.store(builder.add(builder.load(acc), product(av, wv[j])), acc)
     return accs
 
 
@@ -187,52 +215,68 @@ def _rint(builder, v: ir.Value) -> ir.Value:
     return builder.call(fn, [v])
 
 
-def _make_ukernel_requant() -> Any:
+def _make_ukernel_requant(seven_bit: bool = False) -> Any:
     """The tile of 16 whole columns requantized into 8-bit ``out``: rows ``r < mr`` go
     to ``out[out_off + r * ldo + j]`` as :func:`_requant` of the accumulator, ``bias``
     and ``mult`` read at ``o0`` (float32 ``bias``: PyTorch's requantization; int32:
-    ONNX's), ``lo``, ``hi``, ``zp`` float64."""
+    ONNX's), ``lo``, ``hi``, ``zp`` float64. ``seven_bit``: the :func:`_tile` of bytes
+    below 128 (K in quads), started from the int32 tile ``start[start_off:]`` with rows
+    ``start_ld`` apart (three more arguments)."""
 
-    def ukernel(typingctx, a, a_off, lda, b, b_off, kc2, mr, out, out_off, ldo, bias, mult,
-                o0, lo, hi, zp):
+    def typed(a, b, out, bias, mult, extra):
         i, f = types.intp, types.float64
-        sig = types.void(a, i, i, b, i, i, i, out, i, i, bias, mult, i, f, f, f)
-        onnx = isinstance(bias.dtype, types.Integer)
+        sig = types.void(a, i, i, b, i, i, i, out, i, i, bias, mult, i, f, f, f, *extra)
+        return sig, _requant_codegen(isinstance(bias.dtype, types.Integer), seven_bit)
 
-        def codegen(context, builder, signature, args):
-            accs = _tile(context, builder, signature, args)
-            out_arr, bias_arr, mult_arr = (
-                context.make_array(signature.args[k])(context, builder, args[k])
-                for k in (7, 10, 11))
-            o0_v, lo_v, hi_v, zp_v = args[12:16]
-            intp = o0_v.type
-            if not onnx:
-                lo_v, hi_v, zp_v = (builder.fptrunc(v, ir.FloatType()) for v in (lo_v, hi_v,
-                                                                                  zp_v))
-            consts = []
-            for j in range(2):
-                at = builder.add(o0_v, ir.Constant(intp, 8 * j))
-                bias_t = _V8 if onnx else ir.VectorType(ir.FloatType(), 8)
-                consts.append([builder.load(builder.bitcast(builder.gep(arr.data, [at]),
-                                                            t.as_pointer()), align=4)
-                               for arr, t in ((bias_arr, bias_t),
-                                              (mult_arr, ir.VectorType(ir.FloatType(), 8)))])
-            signed = signature.args[7].dtype.signed
+    def ukernel(typingctx, a, a_off, lda, b, b_off, k_steps, mr, out, out_off, ldo, bias,
+                mult, o0, lo, hi, zp):
+        return typed(a, b, out, bias, mult, ())
 
-            def store(r, at):
-                qs = [_requant(builder, builder.load(accs[r][j]), *consts[j], lo_v, hi_v, zp_v,
-                               onnx) for j in range(2)]
-                store_bytes(builder, qs, builder.bitcast(at, ir.IntType(8).as_pointer()),
-                            signed)
+    def ukernel_7bit(typingctx, a, a_off, lda, b, b_off, k_steps, mr, out, out_off, ldo,
+                     bias, mult, o0, lo, hi, zp, start, start_off, start_ld):
+        return typed(a, b, out, bias, mult, (start, types.intp, types.intp))
 
-            _for_rows(builder, args[6], builder.gep(out_arr.data, [args[8]]), args[9], store)
-            return context.get_dummy_value()
+    chosen = ukernel_7bit if seven_bit else ukernel
+    chosen.__name__ = f"ukernel_avx2_requant{'_7bit' if seven_bit else ''}_{MR}x{NR}"
+    return intrinsic(chosen)
 
-        return sig, codegen
 
-    ukernel.__name__ = f"ukernel_avx2_requant_{MR}x{NR}"
-    return intrinsic(ukernel)
+def _requant_codegen(onnx: bool, seven_bit: bool) -> Any:
+    """The code of :func:`_make_ukernel_requant`'s kernels."""
+
+    def codegen(context, builder, signature, args):
+        accs = _tile(context, builder, signature, args, 16 if seven_bit else None,
+                     seven_bit)
+        out_arr, bias_arr, mult_arr = (
+            context.make_array(signature.args[k])(context, builder, args[k])
+            for k in (7, 10, 11))
+        o0_v, lo_v, hi_v, zp_v = args[12:16]
+        intp = o0_v.type
+        if not onnx:
+            lo_v, hi_v, zp_v = (builder.fptrunc(v, ir.FloatType()) for v in (lo_v, hi_v,
+                                                                              zp_v))
+        consts = []
+        for j in range(2):
+            at = builder.add(o0_v, ir.Constant(intp, 8 * j))
+            bias_t = _V8 if onnx else ir.VectorType(ir.FloatType(), 8)
+            consts.append([builder.load(builder.bitcast(builder.gep(arr.data, [at]),
+                                                        t.as_pointer()), align=4)
+                           for arr, t in ((bias_arr, bias_t),
+                                          (mult_arr, ir.VectorType(ir.FloatType(), 8)))])
+        signed = signature.args[7].dtype.signed
+
+        def store(r, at):
+            qs = [_requant(builder, builder.load(accs[r][j]), *consts[j], lo_v, hi_v, zp_v,
+                           onnx) for j in range(2)]
+            store_bytes(builder, qs, builder.bitcast(at, ir.IntType(8).as_pointer()),
+                        signed)
+
+        _for_rows(builder, args[6], builder.gep(out_arr.data, [args[8]]), args[9], store)
+        return context.get_dummy_value()
+
+    return codegen
 
 
 ukernel_6x16 = _make_ukernel()
 ukernel_requant_6x16 = _make_ukernel_requant()
+ukernel_requant_7bit_6x16 = _make_ukernel_requant(seven_bit=True)

@@ -345,6 +345,21 @@ def _with_residual(run: Callable[[np.ndarray, np.ndarray], None]) -> Launch:
     return launch
 
 
+def _seven_bit(plan: Plan, w: np.ndarray, flip: int
+               ) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """(packed int8 weights, column terms, K in quads) of :func:`kernels.conv_avx2_7bit`
+    where it can serve the plan (uint8 x, int8 weights of zero point 0, ungrouped,
+    output channels in whole 16-channel tiles, an 8-bit result), else None."""
+    problem = plan.problem
+    if (flip or w.dtype != np.int8 or problem.groups != 1 or plan.mode == 2
+            or problem.out_channels % kernels.AVX2_NR or np.any(plan.w_zero_point)):
+        return None
+    packed = packed_weights(w, lambda a: _canonical(a, problem), plan.w_zero_point, 1,
+                            "avx2_7bit")
+    col_term = (-plan.x_zero_point * packed.col_sum).astype(np.int32)
+    return packed.data, col_term, packed.kc4
+
+
 def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
     """The plan's kernel with the packed form of the caller's ``w`` and every per-call
     constant bound: ``launch(x, y[, res])`` runs it on canonical x ``(N, D, H, W, C)`` of
@@ -400,9 +415,16 @@ def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
     if path == "avx2":
         zeros = np.zeros(max(problem.out_channels, kernels.AVX2_MR), np.int32)
         direct = problem.is_pointwise and groups == 1
+        seven = _seven_bit(plan, w, flip)
 
         def launch_avx2(x: np.ndarray, y: np.ndarray) -> None:
             prows = kernels.panel_rows(y.shape[0], 4 * packed.kc4, get_num_threads())
+            if (seven is not None and y.itemsize == 1 and y.strides[1] == 1
+                    and kernels.few_high_bytes(x, kernels.SEVEN_BIT_SHARE)):
+                wp7, col_term, kc4 = seven
+                kernels.conv_avx2_7bit(x, xzp_u, wp7, col_term, geo, packed.kc, kc4, packed.nb,
+                                       prows, direct, *tail, y)
+                return
             kernels.conv_avx2(x.view(np.uint8), flip, xzp_u, packed.data, geo, groups,
                               packed.kc, packed.kc4, packed.nb, prows, direct, zeros, *tail,
                               y)

@@ -26,6 +26,7 @@ CACHE_SIZE = 64
 class Packed:
     """``data``: VNNI/AMX (g * nb * kc4 * 64 * 4,) int8 (AMX: kc4 a multiple of 16),
     AVX2 (g * nb * kc4 * 16 * 2,) int16 ``w - wzp`` (there ``kc4`` counts pairs),
+    AVX2 for 7-bit activations (g * nb * kc4 * 16 * 4,) int8,
     portable (O, Kc) int16 ``w - wzp``,
     depthwise (taps, C) float32 ``w - wzp``, depthwise_vnni the int8 ``wq`` of
     :func:`.depthwise.pack_weights`. ``wzp`` (O,) int64 signed-weight zero
@@ -77,7 +78,7 @@ def pack(w: np.ndarray, wzp: np.ndarray, groups: int, path: str) -> Packed:
         data, nb = _panels(diff, groups, AVX2_NR, kc2, 2)
         return Packed(data, zs, col_sum, kc, kc2, nb)
     kc4 = -(-kc // 64) * 16 if path == "amx" else -(-kc // 4)
-    data, nb = _panels(mat, groups, NR, kc4, 4)
+    data, nb = _panels(mat, groups, AVX2_NR if path == "avx2_7bit" else NR, kc4, 4)
     return Packed(data, zs, col_sum, kc, kc4, nb)
 
 
@@ -118,7 +119,8 @@ def packed_weights(
     path: str,
 ) -> Packed:
     """The packed form of the caller's weights ``w`` for ``path`` ("amx", "vnni",
-    "avx2", "portable", "depthwise", "depthwise_vnni"); ``canonical(w)`` gives ``(O, KD, KH, KW, C // g)``.
+    "avx2", "avx2_7bit", "portable", "depthwise", "depthwise_vnni"); ``canonical(w)``
+    gives ``(O, KD, KH, KW, C // g)``.
 
     Looked up by the array's data address, layout and zero points, then confirmed by
     an exact comparison of ``w`` with the copy saved at packing time: weights changed
