@@ -1,4 +1,4 @@
-"""The AVX2 int8 micro-kernel (CPUs without VNNI): a 6 x 16 int32 tile by ``vpmaddwd``.
+"""The AVX2 int8 micro-kernels (CPUs without VNNI): 6 x 16 int32 tiles by ``vpmaddwd``.
 
 ``ukernel_6x16(a, a_off, lda, b, b_off, kc2, mr, c, c_off, ldc)`` computes, for rows
 ``r < mr`` of the int16 matrix at ``a[a_off + r * lda + 2k + i]`` (the activations'
@@ -13,6 +13,11 @@ int16 pairs and adds each pair into an int32 lane: exact here (a pair is at most
 2 * 255 * 255), unlike the ``vpmaddubsw`` of fbgemm and ONNX Runtime on these CPUs,
 which saturates each pair's sum to int16. The 12 accumulators are ``<8 x i32>``
 allocas that LLVM keeps in ymm registers.
+
+``ukernel_requant_7bit_6x16`` takes uint8 activations below 128 and int8 weights
+packed (Kc/4, 16, 4) instead: ``vpmaddubsw`` then is exact (a pair of products is at
+most 2 * 127 * 128), and a quad of bytes costs it two multiplies where the int16 form
+spends one per pair.
 """
 
 from __future__ import annotations
