@@ -19,7 +19,9 @@ from . import depthwise
 from ._avx2 import NR as AVX2_NR
 from ._vnni import NR
 
-CACHE_SIZE = 64
+#: packed weights kept (least recently used dropped): on AVX2 hosts a layer can hold
+#: two (int16 and 7-bit), and ResNet-50 has 53 convs
+CACHE_SIZE = 128
 
 
 @dataclass(frozen=True)
