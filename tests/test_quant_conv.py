@@ -242,30 +242,35 @@ def test_depthwise_requantization_ties_and_saturation(c):
                            f"{mode} {np.dtype(out_dtype)} zp={zp}")
 
 
-@pytest.mark.parametrize("high_share", [0.0, 0.003, 0.3])
+@pytest.mark.parametrize("data", ["below-128", "5%-high", "40%-high", "all-saturating"])
 @pytest.mark.parametrize("c,o,size,k,stride,pad", [(64, 32, 9, 3, 1, 1), (5, 16, 8, 3, 2, 0),
-                                                   (130, 48, 6, 3, 1, 1), (64, 64, 7, 1, 1, 0)],
-                         ids=["3x3", "3x3-s2-K45", "3x3-K1170", "1x1-direct"])
-def test_avx2_seven_bit_path(c, o, size, k, stride, pad, high_share, monkeypatch):
-    """AVX2's tiles for activations below 128 (vpmaddubsw on the low 7 bits, the high
-    bytes as corrections): exact against the int64 reference with none, a few and many
-    bytes at 128 or more, for PyTorch's and ONNX's requantization and both 8-bit
-    outputs; taken where the share of high bytes is at most 1 / SEVEN_BIT_SHARE, else
-    the int16 tiles run."""
+                                                   (130, 48, 6, 3, 1, 1), (64, 64, 7, 1, 1, 0),
+                                                   (6, 16, 5, 1, 1, 0)],
+                         ids=["3x3", "3x3-s2-K45", "3x3-K1170", "1x1-in-place", "1x1-C6"])
+def test_avx2_u8s8_path(c, o, size, k, stride, pad, data, monkeypatch):
+    """AVX2's vpmaddubsw tiles on raw bytes, their saturated pairs found and added back:
+    exact against the int64 reference for x below 128 (nothing to add back), a few and
+    many bytes at 128 or more against full-range weights, and every pair saturated
+    (x all 255, weights all 127 or -128), for PyTorch's and ONNX's requantization and
+    both 8-bit outputs; taken while few_heavy_pairs passes, else the int16 tiles run."""
     from convengine.quant import kernels
 
     if not HAS_AVX2:
         pytest.skip("no avx2 on this CPU")
-    monkeypatch.setattr(kernels, "SEVEN_BIT_SHARE", 100)  # 1%: the 0.3% case qualifies
+    monkeypatch.setattr(kernels, "u8s8_share", lambda *a: 1)  # any share of high bytes
     calls = []
-    real = kernels.conv_avx2_7bit
-    monkeypatch.setattr(kernels, "conv_avx2_7bit", lambda *a: calls.append(1) or real(*a))
+    real = kernels.conv_avx2_u8s8
+    monkeypatch.setattr(kernels, "conv_avx2_u8s8", lambda *a: calls.append(1) or real(*a))
     rng = np.random.default_rng(c * o + k)
     x = rng.integers(0, 128, (2, c, size, size)).astype(np.uint8)
-    high = rng.random(x.shape) < high_share
-    x[high] = rng.integers(128, 256, high.sum())
     w = rng.integers(-128, 128, (o, c, k, k)).astype(np.int8)
-    ws, xzp = rng.uniform(1e-3, 2e-2, o), 9
+    if data == "all-saturating":
+        x[:] = 255
+        w[:] = np.where(rng.random(w.shape) < 0.5, 127, -128)
+    elif data != "below-128":
+        high = rng.random(x.shape) < float(data.split("%")[0]) / 100
+        x[high] = rng.integers(128, 256, high.sum())
+    ws, xzp = rng.uniform(1e-3, 2e-2, o) / (64 if data == "all-saturating" else 1), 9
     acc = np.moveaxis(ref_acc(x, xzp, w, 0, (stride,) * 2, (pad,) * 2, (1, 1), 1), 1, -1)
     bias = rng.normal(0, 50, o).astype(np.float32)
     for out_dtype, mode, relu in [(np.uint8, "float", True), (np.int8, "float", False),
@@ -277,7 +282,24 @@ def test_avx2_seven_bit_path(c, o, size, k, stride, pad, high_share, monkeypatch
                   out_dtype=out_dtype, relu=relu, bias_mode=mode, stride=stride,
                   padding=pad, algo="avx2")
         assert_equal_q(np.moveaxis(y, 1, -1), want, f"{np.dtype(out_dtype)} {mode}")
-    assert len(calls) == (0 if high_share > 0.01 else 3)
+    assert len(calls) == 3
+
+
+def test_avx2_u8s8_gate():
+    """Where most bytes of x are 128 or more and the weights large, the fixes would
+    cost more than the vpmaddubsw tiles save: few_heavy_pairs turns the call to the
+    int16 tiles (both exact)."""
+    from convengine.quant import kernels
+    from convengine.quant.prepack import pair_fixes
+
+    rng = np.random.default_rng(5)
+    w = rng.integers(-128, 128, (64, 576)).astype(np.int8)
+    ptr, col, _ = pair_fixes(w, 288)
+    share = kernels.u8s8_share(64, col.size / 288)
+    x = rng.integers(0, 256, 10_000).astype(np.uint8)
+    assert not kernels.few_heavy_pairs(x, share)
+    x[x >= 128] -= 128
+    assert kernels.few_heavy_pairs(x, share)
 
 
 @pytest.mark.parametrize("k,path", [(1, "vnni"), (3, "vnni"), (1, "avx2"), (3, "avx2")])

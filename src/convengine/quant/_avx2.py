@@ -14,11 +14,17 @@ int16 pairs and adds each pair into an int32 lane: exact here (a pair is at most
 which saturates each pair's sum to int16. The 12 accumulators are ``<8 x i32>``
 allocas that LLVM keeps in ymm registers.
 
-``ukernel_requant_7bit_6x16`` takes uint8 activations below 128 and int8 weights
-packed (Kc/4, 16, 4) instead: ``vpmaddubsw`` then is exact (a pair of products is at
-most 2 * 127 * 128). Per 32 products it issues two multiplies and one add where the
-int16 form issues two of each, and it loads half the bytes of A and B (measured
-alone on a Zen 3: 95 against 62 GMAC/s a core).
+``ukernel_requant_u8s8_6x16`` takes the raw uint8 activations and int8 weights
+packed (Kc/4, 16, 4) instead: ``vpmaddubsw`` multiplies byte pairs and adds each pair
+into an int16 lane, saturating it (as fbgemm and ONNX Runtime do); ``vpmaddwd`` with
+ones adds the pairs into int32. Per 32 products it issues two multiplies and one add
+where the int16 form issues two of each, and it loads half the bytes of A and B
+(measured alone on a Zen 3: 95 against 62 GMAC/s a core). A pair saturates only if
+its bytes add up to 257 or more (else it is at most 256 * 128) and its weights are
+large (:func:`convengine.quant.prepack.pair_fixes`): ``kernels.conv_avx2_u8s8``
+finds those pairs and starts the tile from their exact remainders.
+``heavy_pair_mask`` and ``trailing_zeros`` serve that search: which pairs of 32
+bytes add up to 257 or more, as the bits of an int, and the lowest set bit's index.
 """
 
 from __future__ import annotations
@@ -42,23 +48,23 @@ _B32 = ir.VectorType(ir.IntType(8), 32)
 
 
 def _tile(context, builder, signature, args, start: int | None = None,
-          seven_bit: bool = False) -> list[list[ir.Value]]:
+          u8s8: bool = False) -> list[list[ir.Value]]:
     """The 6 x 2 accumulator allocas of the tile of ``args[:7]`` (a, a_off, lda, b,
     b_off, k_steps, mr: see the module doc), started from the int32 tile at
     ``args[start][args[start + 1]:]``, rows ``args[start + 2]`` apart (0: one row for
     all), if ``start`` is given, else from zero.
 
-    ``seven_bit``: A holds bytes below 128 and B int8 weights packed (Kc/4, 16, 4);
-    each step multiplies a quad of bytes by ``vpmaddubsw`` (pairs of products, at most
-    2 * 127 * 128 in size, so never saturated) and adds the pairs by ``vpmaddwd`` with
-    ones. Else A holds int16 pairs and B (Kc/2, 16, 2) int16, one ``vpmaddwd``."""
+    ``u8s8``: A holds uint8 bytes and B int8 weights packed (Kc/4, 16, 4); each step
+    multiplies a quad of bytes by ``vpmaddubsw`` (pairs of products, each pair
+    saturated to int16) and adds the pairs by ``vpmaddwd`` with ones. Else A holds
+    int16 pairs and B (Kc/2, 16, 2) int16, one ``vpmaddwd``."""
     a_arr, b_arr = (context.make_array(signature.args[k])(context, builder, args[k])
                     for k in (0, 3))
     _, a_off_v, lda_v, _, b_off_v, steps_v, mr_v = args[:7]
     intp = a_off_v.type
     pmadd = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(_V8, [_W16, _W16]), "llvm.x86.avx2.pmadd.wd")
-    operand = _B32 if seven_bit else _W16  # one register of B: 16 columns x 2 (or 4) values
+    operand = _B32 if u8s8 else _W16  # one register of B: 16 columns x 2 (or 4) values
     rows = row_pointers(builder, builder.gep(a_arr.data, [a_off_v]), MR, mr_v, lda_v)
     rows = [builder.bitcast(p, _I32.as_pointer()) for p in rows]  # int16 pairs, byte quads
     b0 = builder.bitcast(builder.gep(b_arr.data, [b_off_v]), operand.as_pointer())
@@ -73,7 +79,7 @@ def _tile(context, builder, signature, args, start: int | None = None,
             _V8.as_pointer()), align=4) for j in range(2)] for r in range(MR)]
     accs = [[cgutils.alloca_once_value(builder, first[r][j]) for j in range(2)]
             for r in range(MR)]
-    if seven_bit:
+    if u8s8:
         maddubs = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_W16, [_B32, _B32]), "llvm.x86.avx2.pmadd.ub.sw")
         ones = ir.Constant(_W16, [1] * 16)
@@ -221,38 +227,37 @@ def _rint(builder, v: ir.Value) -> ir.Value:
     return builder.call(fn, [v])
 
 
-def _make_ukernel_requant(seven_bit: bool = False) -> Any:
+def _make_ukernel_requant(u8s8: bool = False) -> Any:
     """The tile of 16 whole columns requantized into 8-bit ``out``: rows ``r < mr`` go
     to ``out[out_off + r * ldo + j]`` as :func:`_requant` of the accumulator, ``bias``
     and ``mult`` read at ``o0`` (float32 ``bias``: PyTorch's requantization; int32:
-    ONNX's), ``lo``, ``hi``, ``zp`` float64. ``seven_bit``: the :func:`_tile` of bytes
-    below 128 (K in quads), started from the int32 tile ``start[start_off:]`` with rows
+    ONNX's), ``lo``, ``hi``, ``zp`` float64. ``u8s8``: the :func:`_tile` of raw bytes
+    (K in quads), started from the int32 tile ``start[start_off:]`` with rows
     ``start_ld`` apart (three more arguments)."""
 
     def typed(a, b, out, bias, mult, extra):
         i, f = types.intp, types.float64
         sig = types.void(a, i, i, b, i, i, i, out, i, i, bias, mult, i, f, f, f, *extra)
-        return sig, _requant_codegen(isinstance(bias.dtype, types.Integer), seven_bit)
+        return sig, _requant_codegen(isinstance(bias.dtype, types.Integer), u8s8)
 
     def ukernel(typingctx, a, a_off, lda, b, b_off, k_steps, mr, out, out_off, ldo, bias,
                 mult, o0, lo, hi, zp):
         return typed(a, b, out, bias, mult, ())
 
-    def ukernel_7bit(typingctx, a, a_off, lda, b, b_off, k_steps, mr, out, out_off, ldo,
+    def ukernel_u8s8(typingctx, a, a_off, lda, b, b_off, k_steps, mr, out, out_off, ldo,
                      bias, mult, o0, lo, hi, zp, start, start_off, start_ld):
         return typed(a, b, out, bias, mult, (start, types.intp, types.intp))
 
-    chosen = ukernel_7bit if seven_bit else ukernel
-    chosen.__name__ = f"ukernel_avx2_requant{'_7bit' if seven_bit else ''}_{MR}x{NR}"
+    chosen = ukernel_u8s8 if u8s8 else ukernel
+    chosen.__name__ = f"ukernel_avx2_requant{'_u8s8' if u8s8 else ''}_{MR}x{NR}"
     return intrinsic(chosen)
 
 
-def _requant_codegen(onnx: bool, seven_bit: bool) -> Any:
+def _requant_codegen(onnx: bool, u8s8: bool) -> Any:
     """The code of :func:`_make_ukernel_requant`'s kernels."""
 
     def codegen(context, builder, signature, args):
-        accs = _tile(context, builder, signature, args, 16 if seven_bit else None,
-                     seven_bit)
+        accs = _tile(context, builder, signature, args, 16 if u8s8 else None, u8s8)
         out_arr, bias_arr, mult_arr = (
             context.make_array(signature.args[k])(context, builder, args[k])
             for k in (7, 10, 11))
@@ -285,4 +290,37 @@ def _requant_codegen(onnx: bool, seven_bit: bool) -> Any:
 
 ukernel_6x16 = _make_ukernel()
 ukernel_requant_6x16 = _make_ukernel_requant()
-ukernel_requant_7bit_6x16 = _make_ukernel_requant(seven_bit=True)
+ukernel_requant_u8s8_6x16 = _make_ukernel_requant(u8s8=True)
+
+
+@intrinsic
+def heavy_pair_mask(typingctx: Any, a: Any, at: Any) -> Any:
+    """Bit i of the result: whether the pair of bytes ``a[at + 2i]``, ``a[at + 2i + 1]``
+    (a uint8 array) adds up to 257 or more, for i < 16 (32 bytes read, no bounds
+    check). Only such a pair can saturate ``vpmaddubsw`` against int8 weights: its
+    products then add up to at most ``128 * 256``."""
+    sig = types.uint32(a, types.intp)
+
+    def codegen(context, builder, signature, args):
+        arr = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.bitcast(builder.gep(arr.data, [args[1]]), _W16.as_pointer())
+        v = builder.load(ptr, align=1)
+        low = builder.and_(v, ir.Constant(_W16, [0xFF] * 16))
+        total = builder.add(low, builder.lshr(v, ir.Constant(_W16, [8] * 16)))
+        heavy = builder.icmp_unsigned(">", total, ir.Constant(_W16, [256] * 16))
+        return builder.zext(builder.bitcast(heavy, ir.IntType(16)), _I32)
+
+    return sig, codegen
+
+
+@intrinsic
+def trailing_zeros(typingctx: Any, bits: Any) -> Any:
+    """The index of the lowest set bit of the nonzero uint32 ``bits`` (``tzcnt``)."""
+    sig = types.uint32(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        cttz = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_I32, [_I32, ir.IntType(1)]), "llvm.cttz.i32")
+        return builder.call(cttz, [args[0], ir.Constant(ir.IntType(1), 1)])
+
+    return sig, codegen

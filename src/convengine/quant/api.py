@@ -345,19 +345,21 @@ def _with_residual(run: Callable[[np.ndarray, np.ndarray], None]) -> Launch:
     return launch
 
 
-def _seven_bit(plan: Plan, w: np.ndarray, flip: int
-               ) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """(packed int8 weights, column terms, K in quads) of :func:`kernels.conv_avx2_7bit`
-    where it can serve the plan (uint8 x, int8 weights of zero point 0, ungrouped,
-    output channels in whole 16-channel tiles, an 8-bit result), else None."""
+def _u8s8(plan: Plan, w: np.ndarray, flip: int) -> tuple[Packed, np.ndarray, int] | None:
+    """(packed weights, column terms, :func:`kernels.few_heavy_pairs` share) of
+    :func:`kernels.conv_avx2_u8s8` where it can serve the plan (uint8 x, int8 weights of
+    zero point 0, ungrouped, output channels in whole 16-channel tiles, an 8-bit
+    result), else None."""
     problem = plan.problem
     if (flip or w.dtype != np.int8 or problem.groups != 1 or plan.mode == 2
             or problem.out_channels % kernels.AVX2_NR or np.any(plan.w_zero_point)):
         return None
     packed = packed_weights(w, lambda a: _canonical(a, problem), plan.w_zero_point, 1,
-                            "avx2_7bit")
+                            "avx2_u8s8")
+    assert packed.fixes is not None
     col_term = (-plan.x_zero_point * packed.col_sum).astype(np.int32)
-    return packed.data, col_term, packed.kc4
+    share = kernels.u8s8_share(problem.out_channels, packed.fixes[1].size / (2 * packed.kc4))
+    return packed, col_term, share
 
 
 def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
@@ -415,15 +417,17 @@ def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
     if path == "avx2":
         zeros = np.zeros(max(problem.out_channels, kernels.AVX2_MR), np.int32)
         direct = problem.is_pointwise and groups == 1
-        seven = _seven_bit(plan, w, flip)
+        bytewise = _u8s8(plan, w, flip)
+        in_place = _in_place(problem, 4)
 
         def launch_avx2(x: np.ndarray, y: np.ndarray) -> None:
             prows = kernels.panel_rows(y.shape[0], 4 * packed.kc4, get_num_threads())
-            if (seven is not None and y.itemsize == 1 and y.strides[1] == 1
-                    and kernels.few_high_bytes(x, kernels.SEVEN_BIT_SHARE)):
-                wp7, col_term, kc4 = seven
-                kernels.conv_avx2_7bit(x, xzp_u, wp7, col_term, geo, packed.kc, kc4, packed.nb,
-                                       prows, direct, *tail, y)
+            if (bytewise is not None and y.itemsize == 1 and y.strides[1] == 1
+                    and kernels.few_heavy_pairs(x, bytewise[2])):
+                u8s8, col_term = bytewise[:2]
+                assert u8s8.fixes is not None
+                kernels.conv_avx2_u8s8(x, xzp_u, u8s8.data, col_term, *u8s8.fixes, geo,
+                                       u8s8.kc, u8s8.kc4, u8s8.nb, prows, in_place, *tail, y)
                 return
             kernels.conv_avx2(x.view(np.uint8), flip, xzp_u, packed.data, geo, groups,
                               packed.kc, packed.kc4, packed.nb, prows, direct, zeros, *tail,

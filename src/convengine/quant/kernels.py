@@ -14,9 +14,10 @@ problems padded to 3-D with unit dims, ``geo`` the int64 vector
 - :func:`conv_avx2`: the same panels as int16 differences, 6 x 16 tiles by
   ``vpmaddwd`` (:mod:`._avx2`) on weights prepacked (g, O/16, Kc/2, 16, 2), for CPUs
   with AVX2 but no VNNI.
-- :func:`conv_avx2_7bit`: for uint8 activations almost all below 128 (PyTorch's
-  ``reduce_range`` observers) and int8 weights of zero point 0: the tiles multiply the
-  low 7 bits by ``vpmaddubsw`` (:mod:`._avx2`), the few high bits enter as corrections.
+- :func:`conv_avx2_u8s8`: for uint8 activations and int8 weights of zero point 0:
+  ``vpmaddubsw`` on the raw bytes (:mod:`._avx2`), twice the products of ``vpmaddwd``
+  an instruction; the few pairs of products that saturate its int16 sums are found and
+  added back exactly.
 - :func:`conv_portable`: the same gather into int16 differences, int32 dot products.
 
 Depthwise convolutions (groups == C == O) have their own kernels in :mod:`.depthwise`.
@@ -39,7 +40,13 @@ from numba import njit, prange
 from ._amx import amx_32x32, amx_begin, amx_end
 from ._avx2 import MR as AVX2_MR
 from ._avx2 import NR as AVX2_NR
-from ._avx2 import ukernel_6x16, ukernel_requant_6x16, ukernel_requant_7bit_6x16
+from ._avx2 import (
+    heavy_pair_mask,
+    trailing_zeros,
+    ukernel_6x16,
+    ukernel_requant_6x16,
+    ukernel_requant_u8s8_6x16,
+)
 from ._copy import copy_bytes
 from ._ir import fma32
 from ._vnni import (
@@ -608,97 +615,80 @@ def conv_avx2(x, flip, xzp, wp, geo, groups, kc, kc2, nb, prows, direct, zeros, 
                             bias_f, bias_i, zp, lo, hi, out)
 
 
-#: at most one byte in this many of x at 128 or above for :func:`conv_avx2_7bit`: each
-#: such byte costs a correction, and at 1 in 2,000 the 7-bit path only broke even
-#: (ResNet-50 layers, Zen 3); PyTorch's FX networks have about 1 in 10,000
-SEVEN_BIT_SHARE = 4096
-
-
-_ONES = np.uint64(0x0101010101010101)
-_EVEN_BYTES = np.uint64(0x00FF00FF00FF00FF)
+_LOW_BYTES = np.uint64(0x00FF00FF00FF00FF)
+_LANE_ONES = np.uint64(0x0001000100010001)
 
 
 @njit(cache=True)
-def few_high_bytes(x, share):
-    """Whether at most one byte in ``share`` of the contiguous uint8 array ``x`` is 128
-    or more. Eight bytes a 64-bit word, their high bits summed in byte lanes (255 words
-    at a time) and folded; stops as soon as the count passes the limit."""
+def few_heavy_pairs(x, share):
+    """Whether at most one in ``share`` of the byte pairs ``x[2i], x[2i + 1]`` of the
+    contiguous uint8 array ``x`` adds up to 257 or more (the pairs that can saturate
+    ``vpmaddubsw``). Four pairs a 64-bit word: each 16-bit lane's sum plus 255 has bit
+    9 set exactly then; the flags are summed in those lanes (a few thousand words at a
+    time) and folded; stops as soon as the count passes the limit."""
     flat = x.reshape(-1)
-    n = flat.shape[0]
-    limit = n // share
-    whole = n - n % 8
-    words = flat[:whole].view(np.uint64)
+    limit = flat.shape[0] // 2 // share
+    words = flat[:flat.shape[0] - flat.shape[0] % 8].view(np.uint64)
     total = 0
-    for k in range(whole, n):
-        total += np.int64(flat[k] >> 7)
-    for i in range(0, words.shape[0], 255):
+    for i in range(0, words.shape[0], 4096):
         lanes = np.uint64(0)
-        for j in range(i, min(words.shape[0], i + 255)):
-            lanes += (words[j] >> np.uint64(7)) & _ONES
-        pairs = (lanes & _EVEN_BYTES) + ((lanes >> np.uint64(8)) & _EVEN_BYTES)
-        total += np.int64((pairs * np.uint64(0x0001000100010001)) >> np.uint64(48))
+        for j in range(i, min(words.shape[0], i + 4096)):
+            w = words[j]
+            sums = (w & _LOW_BYTES) + ((w >> np.uint64(8)) & _LOW_BYTES) + _LOW_BYTES
+            lanes += (sums >> np.uint64(9)) & _LANE_ONES
+        total += np.int64((lanes * _LANE_ONES) >> np.uint64(48))
         if total > limit:
             return False
     return total <= limit
 
 
+def u8s8_share(out_channels: int, fixes_per_pair: float) -> int:
+    """The ``share`` of :func:`few_heavy_pairs` under which :func:`conv_avx2_u8s8`
+    pays: a heavy pair of x costs about 10 instructions plus 6 for each of its risky
+    columns (``fixes_per_pair`` on average), a pair about ``0.23 * O`` in the tiles;
+    the fixes may take a tenth of that."""
+    allowed = 0.1 * 0.23 * out_channels / (10 + 6 * fixes_per_pair)
+    return max(1, int(np.ceil(1 / allowed)))
+
+
 @njit(parallel=True, cache=True)
-def conv_avx2_7bit(x, xzp, wp, col_term, geo, kc, kc4, nb, prows, direct, mode, mult,
-                   bias_f, bias_i, zp, lo, hi, out):
+def conv_avx2_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb, prows,
+                   in_place, mode, mult, bias_f, bias_i, zp, lo, hi, out):
     """:func:`conv_avx2` for uint8 x, int8 weights of zero point 0, ungrouped, every
     16-channel tile whole and 8-bit ``out`` with unit column stride.
 
-    ``x = low + 128 * high`` byte by byte: the tiles multiply ``low`` (below 128) by
-    ``wp (nb, kc4, 16, 4)`` int8 with ``vpmaddubsw``, exact; each tile starts from
-    ``col_term[o] = -xzp * sum_k w[o, k]`` plus, for every byte of its rows at 128 or
-    more, ``128 * w[o, k]``. Fast when those bytes are few (the caller checks
-    :func:`few_high_bytes`): each costs 16 scalar adds per column block. One panel of
-    ``prows`` rows a work item (:func:`_panel_7bit`)."""
+    The tiles multiply x's bytes by ``wp (nb, kc4, 16, 4)`` int8 with ``vpmaddubsw``,
+    whose pairs of products saturate at int16; each tile starts from ``col_term[o] =
+    -xzp * sum_k w[o, k]`` plus, for every pair of its rows that saturates, the part the
+    pair loses: ``p - clamp(p, -32768, 32767)``. Such a pair has bytes adding up to 257
+    or more and weights from the :func:`~convengine.quant.prepack.pair_fixes` table (``fix_ptr``,
+    ``fix_col``, ``fix_w``), so only those pairs are looked at. ``in_place``: a 1x1
+    stride-1 conv whose rows are x's pixels, C a multiple of 4 (no gather). One panel
+    of ``prows`` rows a work item (:func:`_panel_u8s8`)."""
     npanel = (out.shape[0] + prows - 1) // prows
     for p in prange(npanel):
-        _panel_7bit(x, xzp, wp, col_term, geo, kc, kc4, nb, p * prows, prows, direct, mode,
-                    mult, bias_f, bias_i, zp, lo, hi, out)
+        _panel_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb,
+                    p * prows, prows, in_place, mode, mult, bias_f, bias_i, zp, lo, hi, out)
 
 
 @njit(cache=True)
-def _panel_7bit(x, xzp, wp, col_term, geo, kc, kc4, nb, m0, prows, direct, mode, mult,
-                bias_f, bias_i, zp, lo, hi, out):
-    """Rows ``m0:m0 + prows`` of :func:`conv_avx2_7bit`. A function of its own, called
+def _panel_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb, m0, prows,
+                in_place, mode, mult, bias_f, bias_i, zp, lo, hi, out):
+    """Rows ``m0:m0 + prows`` of :func:`conv_avx2_u8s8`. A function of its own, called
     from the parallel loop: its buffers are its own, and its code does not depend on
-    how numba transforms that loop (inlined there, the same code ran at half speed on
-    two threads after some compilation orders)."""
+    how numba transforms that loop (inlined there, a kernel of this shape ran at half
+    speed on two threads after some compilation orders)."""
     rows = min(prows, out.shape[0] - m0)
     lda = kc4 * 4
     ldo = out.strides[0]
     flo, fhi, fzp = np.float64(lo), np.float64(hi), np.float64(zp)
-    raw = np.empty(1 if direct else rows * lda, np.uint8)
-    if not direct:
+    if in_place:
+        a, a0 = x.reshape(-1), m0 * lda
+    else:
+        a, a0 = np.empty(rows * lda, np.uint8), 0
         sums = np.empty(rows, np.int32)  # (row sums: not needed)
-        _gather_panel(x, m0, m0 + rows, 0, x.shape[4], geo, xzp, 0, False, kc, lda, raw,
-                      sums)
-    src, s0, lds = (x.reshape(-1), m0 * kc, kc) if direct else (raw, 0, lda)
-    low = np.zeros(rows * lda, np.uint8)
-    first_high = np.zeros(rows + 1, np.int64)  # row r's high bytes: [first[r], first[r+1])
-    for r in range(rows):
-        row_src, row_low = s0 + r * lds, r * lda
-        seen = np.uint8(0)
-        for k in range(kc):
-            v = src[np.uintp(row_src + k)]
-            low[np.uintp(row_low + k)] = v & np.uint8(0x7F)
-            seen |= v
-        count = 0
-        if seen >= 128:
-            for k in range(kc):
-                count += np.int64(src[np.uintp(row_src + k)] >> 7)
-        first_high[r + 1] = first_high[r] + count
-    high_k = np.empty(first_high[rows], np.int64)
-    for r in range(rows):
-        at = first_high[r]
-        if first_high[r + 1] > at:
-            for k in range(kc):
-                if src[s0 + r * lds + k] >= 128:
-                    high_k[at] = k
-                    at += 1
+        _gather_panel(x, m0, m0 + rows, 0, x.shape[4], geo, xzp, 0, False, kc, lda, a, sums)
+    first, fix_o, fix_d = _saturated_pairs(a, a0, lda, kc, rows, fix_ptr, fix_col, fix_w)
     start = np.empty(AVX2_MR * AVX2_NR, np.int32)
     for b in range(nb):
         o0 = b * AVX2_NR
@@ -706,26 +696,87 @@ def _panel_7bit(x, xzp, wp, col_term, geo, kc, kc4, nb, m0, prows, direct, mode,
         for r0 in range(0, rows, AVX2_MR):
             mr = min(AVX2_MR, rows - r0)
             init, init_at, init_ld = col_term, o0, 0  # every row starts at col_term
-            if first_high[r0 + mr] > first_high[r0]:  # corrections: a tile of its own
+            if first[r0 + mr] > first[r0] and _start_tile(start, col_term, o0, r0, mr, first,
+                                                          fix_o, fix_d):
                 init, init_at, init_ld = start, 0, AVX2_NR
-                for r in range(AVX2_MR):
-                    for j in range(AVX2_NR):
-                        start[r * AVX2_NR + j] = col_term[o0 + j]
-                for r in range(mr):
-                    for h in range(first_high[r0 + r], first_high[r0 + r + 1]):
-                        k = high_k[h]
-                        w_at = b_off + (k // 4) * AVX2_NR * 4 + k % 4
-                        for j in range(AVX2_NR):
-                            start[r * AVX2_NR + j] += 128 * np.int32(wp[w_at + 4 * j])
             at = (m0 + r0) * ldo + o0
             if mode == 0:
-                ukernel_requant_7bit_6x16(low, r0 * lda, lda, wp, b_off, kc4, mr, out, at,
+                ukernel_requant_u8s8_6x16(a, a0 + r0 * lda, lda, wp, b_off, kc4, mr, out, at,
                                           ldo, bias_f, mult, o0, flo, fhi, fzp, init,
                                           init_at, init_ld)
             else:
-                ukernel_requant_7bit_6x16(low, r0 * lda, lda, wp, b_off, kc4, mr, out, at,
+                ukernel_requant_u8s8_6x16(a, a0 + r0 * lda, lda, wp, b_off, kc4, mr, out, at,
                                           ldo, bias_i, mult, o0, flo, fhi, fzp, init,
                                           init_at, init_ld)
+
+
+@njit(cache=True)
+def _saturated_pairs(a, a0, lda, kc, rows, fix_ptr, fix_col, fix_w):
+    """The pairs of ``rows`` rows of bytes ``a[a0 + r * lda:][:kc]`` that saturate
+    ``vpmaddubsw`` against the weights of ``fix_ptr``/``fix_col``/``fix_w``: row r's
+    are ``fix_o[first[r]:first[r + 1]]`` (output channels, int32) with what each loses,
+    ``fix_d`` (int32)."""
+    first = np.zeros(rows + 1, np.int64)
+    room = 4 * rows + 64
+    while True:
+        fix_o = np.empty(room, np.int32)
+        fix_d = np.empty(room, np.int32)
+        found = _find_saturated(a, a0, lda, kc, rows, fix_ptr, fix_col, fix_w, first, fix_o,
+                                fix_d)
+        if found <= room:
+            return first, fix_o, fix_d
+        room = found
+
+
+@njit(cache=True)
+def _find_saturated(a, a0, lda, kc, rows, fix_ptr, fix_col, fix_w, first, fix_o, fix_d):
+    """:func:`_saturated_pairs` into ``first``, ``fix_o``, ``fix_d``; returns how many
+    it found (those past the arrays' room counted, not stored). Only pairs whose bytes
+    add up to 257 or more are looked up (16 pairs at a time by ``heavy_pair_mask``)."""
+    n = 0
+    room = fix_o.shape[0]
+    for r in range(rows):
+        row = a0 + r * lda
+        for k in range(0, kc, 32):
+            if k + 32 <= kc:
+                bits = heavy_pair_mask(a, row + k)
+            else:  # the row's last pairs (a zero or a next row's byte past kc: no weight)
+                bits = np.uint32(0)
+                for i in range((kc - k + 1) // 2):
+                    total = np.int32(a[row + k + 2 * i]) + np.int32(a[row + k + 2 * i + 1])
+                    bits = np.uint32(bits | (np.uint32(total >= 257) << np.uint32(i)))
+            while bits:
+                pair = k // 2 + np.int64(trailing_zeros(bits))
+                bits = np.uint32(bits & (bits - np.uint32(1)))
+                x0 = np.int32(a[row + 2 * pair])
+                x1 = np.int32(a[row + 2 * pair + 1])
+                for i in range(fix_ptr[pair], fix_ptr[pair + 1]):
+                    v = x0 * fix_w[i, 0] + x1 * fix_w[i, 1]
+                    lost = v - min(max(v, -32768), 32767)
+                    if lost != 0:
+                        if n < room:
+                            fix_o[n] = fix_col[i]
+                            fix_d[n] = lost
+                        n += 1
+        first[r + 1] = n
+    return n
+
+
+@njit(inline="always")
+def _start_tile(start, col_term, o0, r0, mr, first, fix_o, fix_d):
+    """Fill ``start (6 * 16,)`` with ``col_term[o0:o0 + 16]`` per row plus the fixes of
+    rows ``r0:r0 + mr`` in those columns; False (``start`` untouched) if there are none."""
+    found = False
+    for r in range(mr):
+        for e in range(first[r0 + r], first[r0 + r + 1]):
+            j = fix_o[e] - o0
+            if 0 <= j < AVX2_NR:
+                if not found:
+                    for i in range(AVX2_MR * AVX2_NR):
+                        start[i] = col_term[o0 + i % AVX2_NR]
+                    found = True
+                start[r * AVX2_NR + j] += fix_d[e]
+    return found
 
 
 @njit(parallel=True, cache=True)

@@ -20,7 +20,7 @@ from ._avx2 import NR as AVX2_NR
 from ._vnni import NR
 
 #: packed weights kept (least recently used dropped): on AVX2 hosts a layer can hold
-#: two (int16 and 7-bit), and ResNet-50 has 53 convs
+#: two (int16 and u8s8), and ResNet-50 has 53 convs
 CACHE_SIZE = 128
 
 
@@ -28,7 +28,7 @@ CACHE_SIZE = 128
 class Packed:
     """``data``: VNNI/AMX (g * nb * kc4 * 64 * 4,) int8 (AMX: kc4 a multiple of 16),
     AVX2 (g * nb * kc4 * 16 * 2,) int16 ``w - wzp`` (there ``kc4`` counts pairs),
-    AVX2 for 7-bit activations (g * nb * kc4 * 16 * 4,) int8,
+    AVX2 u8s8 (nb * kc4 * 16 * 4,) int8 and its :func:`pair_fixes` in ``fixes``,
     portable (O, Kc) int16 ``w - wzp``,
     depthwise (taps, C) float32 ``w - wzp``, depthwise_vnni the int8 ``wq`` of
     :func:`.depthwise.pack_weights`. ``wzp`` (O,) int64 signed-weight zero
@@ -45,6 +45,7 @@ class Packed:
     nb: int
     dw_term: np.ndarray | None = None
     dw_raw: bool = False
+    fixes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 _cache: OrderedDict[tuple, tuple[np.ndarray, Packed]] = OrderedDict()
@@ -80,8 +81,34 @@ def pack(w: np.ndarray, wzp: np.ndarray, groups: int, path: str) -> Packed:
         data, nb = _panels(diff, groups, AVX2_NR, kc2, 2)
         return Packed(data, zs, col_sum, kc, kc2, nb)
     kc4 = -(-kc // 64) * 16 if path == "amx" else -(-kc // 4)
-    data, nb = _panels(mat, groups, AVX2_NR if path == "avx2_7bit" else NR, kc4, 4)
+    if path == "avx2_u8s8":
+        data, nb = _panels(mat, groups, AVX2_NR, kc4, 4)
+        return Packed(data, zs, col_sum, kc, kc4, nb, fixes=pair_fixes(mat, kc4 * 2))
+    data, nb = _panels(mat, groups, NR, kc4, 4)
     return Packed(data, zs, col_sum, kc, kc4, nb)
+
+
+#: a pair of weights whose positive (or negative) parts add up to this much or more
+#: can saturate ``vpmaddubsw``'s int16 sum for uint8 x: 255 * 129 > 32767, 255 * 128
+#: (and -255 * 128 >= -32768) cannot
+RISKY_PAIR = 129
+
+
+def pair_fixes(mat: np.ndarray, pairs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The weight pairs of int8 ``mat (O, Kc)`` (K zero-padded to ``2 * pairs``) that
+    can saturate ``vpmaddubsw``: for pair p, the columns ``col[ptr[p]:ptr[p + 1]]``
+    (int32, ascending) and their weights ``w[same range] = (w[o, 2p], w[o, 2p + 1])``
+    (int32). ``ptr (pairs + 1,)`` int64."""
+    o, kc = mat.shape
+    w = np.zeros((o, 2 * pairs), np.int32)
+    w[:, :kc] = mat
+    w = w.reshape(o, pairs, 2)
+    risky = ((np.maximum(w, 0).sum(axis=2) >= RISKY_PAIR)
+             | (np.maximum(-w, 0).sum(axis=2) >= RISKY_PAIR))  # (O, pairs)
+    pair_idx, col = np.nonzero(risky.T)  # ordered by pair, then column
+    ptr = np.zeros(pairs + 1, np.int64)
+    np.cumsum(np.bincount(pair_idx, minlength=pairs), out=ptr[1:])
+    return ptr, col.astype(np.int32), np.ascontiguousarray(w[col, pair_idx])
 
 
 def _panels(mat: np.ndarray, groups: int, nr: int, k_steps: int, k_group: int
@@ -121,7 +148,7 @@ def packed_weights(
     path: str,
 ) -> Packed:
     """The packed form of the caller's weights ``w`` for ``path`` ("amx", "vnni",
-    "avx2", "avx2_7bit", "portable", "depthwise", "depthwise_vnni"); ``canonical(w)``
+    "avx2", "avx2_u8s8", "portable", "depthwise", "depthwise_vnni"); ``canonical(w)``
     gives ``(O, KD, KH, KW, C // g)``.
 
     Looked up by the array's data address, layout and zero points, then confirmed by
