@@ -64,7 +64,8 @@ def _float_call(p: ConvProblem, rng: np.random.Generator) -> Callable[[], Any]:
 
 def _int8_call(p: ConvProblem, rng: np.random.Generator) -> Callable[[], Any]:
     """``qconv`` on uint8 x and int8 w of ``p``'s forward shapes: x over the whole
-    range and, on the AVX2 path (a kernel of its own for x below 128), x halved too."""
+    range and, on the AVX2 path, x halved too (full-range random bytes take the int16
+    tiles there, x below 128 the ``vpmaddubsw`` tiles: see ``kernels.few_heavy_pairs``)."""
     from .quant import cpu, qconv
 
     x = rng.integers(0, 256, p.x_shape(), dtype=np.uint8)
