@@ -666,15 +666,17 @@ def _qconv_node(name, x, c, o, k, dtype, rng, inits):
 
 
 @pytest.mark.parametrize("case", ["later_conv_is_b", "later_conv_is_a", "graph_input",
-                                  "depthwise", "broadcast", "int8", "fed_twice"])
+                                  "depthwise", "broadcast", "int8", "fed_twice",
+                                  "channels_in_16s"])
 def test_qlinear_add_fused_into_its_conv_matches_onnxruntime(case):
     """QLinearConv -> QLinearAdd runs as one step (the add in the conv's kernel: im2col
-    1x1, implicit-GEMM 3x3, a pass of its own after a depthwise conv, the operator
+    1x1, implicit-GEMM 3x3, on AVX2 the int16 tiles' or, with output channels in 16s,
+    the byte tiles' work items; a pass of its own after a depthwise conv, the operator
     itself for a broadcast operand); ONNX Runtime gives the same bytes."""
     ort = pytest.importorskip("onnxruntime")
     rng = np.random.default_rng(sum(map(ord, case)))
     dtype = np.int8 if case == "int8" else np.uint8
-    c, o, size = 16, 70, 14
+    c, o, size = 16, 64 if case == "channels_in_16s" else 70, 14
     x = (rng.integers(0, 256, (2, c, size, size)) - (128 if case == "int8" else 0)
          ).astype(dtype)
     inits = {"xs": np.float32(0.021), "xz": np.array(-11 if case == "int8" else 117, dtype),
@@ -684,7 +686,7 @@ def test_qlinear_add_fused_into_its_conv_matches_onnxruntime(case):
     inputs = {"x": x}
     nodes = [_qconv_node("p", "x", c, o, 1, dtype, rng, inits)]
     a, b = "p", "q"
-    if case in ("later_conv_is_b", "later_conv_is_a", "int8", "fed_twice"):
+    if case in ("later_conv_is_b", "later_conv_is_a", "int8", "fed_twice", "channels_in_16s"):
         nodes.append(_qconv_node("q", "x", c, o, 3, dtype, rng, inits))
         if case == "later_conv_is_a":
             a, b = "q", "p"

@@ -23,8 +23,9 @@ where the int16 form issues two of each, and it loads half the bytes of A and B
 its bytes add up to 257 or more (else it is at most 256 * 128) and its weights are
 large (:func:`convengine.quant.prepack.pair_fixes`): ``kernels.conv_avx2_u8s8``
 finds those pairs and starts the tile from their exact remainders.
-``heavy_pair_mask`` and ``trailing_zeros`` serve that search: which pairs of 32
-bytes add up to 257 or more, as the bits of an int, and the lowest set bit's index.
+``any_heavy_pair``, ``heavy_pair_mask`` and ``trailing_zeros`` serve that search:
+whether a row has pairs adding up to 257 or more, which pairs of 32 bytes do (as the
+bits of an int), and the lowest set bit's index.
 """
 
 from __future__ import annotations
@@ -293,6 +294,13 @@ ukernel_requant_6x16 = _make_ukernel_requant()
 ukernel_requant_u8s8_6x16 = _make_ukernel_requant(u8s8=True)
 
 
+def _pair_sums(builder, ptr) -> ir.Value:
+    """The 16 sums ``low byte + high byte`` of the 16-bit words at ``ptr`` (32 bytes)."""
+    v = builder.load(builder.bitcast(ptr, _W16.as_pointer()), align=1)
+    low = builder.and_(v, ir.Constant(_W16, [0xFF] * 16))
+    return builder.add(low, builder.lshr(v, ir.Constant(_W16, [8] * 16)))
+
+
 @intrinsic
 def heavy_pair_mask(typingctx: Any, a: Any, at: Any) -> Any:
     """Bit i of the result: whether the pair of bytes ``a[at + 2i]``, ``a[at + 2i + 1]``
@@ -303,12 +311,33 @@ def heavy_pair_mask(typingctx: Any, a: Any, at: Any) -> Any:
 
     def codegen(context, builder, signature, args):
         arr = context.make_array(signature.args[0])(context, builder, args[0])
-        ptr = builder.bitcast(builder.gep(arr.data, [args[1]]), _W16.as_pointer())
-        v = builder.load(ptr, align=1)
-        low = builder.and_(v, ir.Constant(_W16, [0xFF] * 16))
-        total = builder.add(low, builder.lshr(v, ir.Constant(_W16, [8] * 16)))
+        total = _pair_sums(builder, builder.gep(arr.data, [args[1]]))
         heavy = builder.icmp_unsigned(">", total, ir.Constant(_W16, [256] * 16))
         return builder.zext(builder.bitcast(heavy, ir.IntType(16)), _I32)
+
+    return sig, codegen
+
+
+@intrinsic
+def any_heavy_pair(typingctx: Any, a: Any, at: Any, chunks: Any) -> Any:
+    """Whether any pair of bytes in ``a[at:at + 32 * chunks]`` adds up to 257 or more
+    (:func:`heavy_pair_mask` of each 32, as a running maximum: no branch a chunk)."""
+    sig = types.boolean(a, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        arr = context.make_array(signature.args[0])(context, builder, args[0])
+        base = builder.gep(arr.data, [args[1]])
+        peak = cgutils.alloca_once_value(builder, ir.Constant(_W16, [0] * 16))
+        umax = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_W16, [_W16, _W16]), "llvm.umax.v16i16")
+        with cgutils.for_range(builder, args[2]) as loop:
+            at = builder.mul(loop.index, ir.Constant(loop.index.type, 32))
+            builder.store(builder.call(umax, [builder.load(peak),
+                                              _pair_sums(builder, builder.gep(base, [at]))]),
+                          peak)
+        heavy = builder.icmp_unsigned(">", builder.load(peak), ir.Constant(_W16, [256] * 16))
+        return builder.icmp_unsigned("!=", builder.bitcast(heavy, ir.IntType(16)),
+                                     ir.Constant(ir.IntType(16), 0))
 
     return sig, codegen
 

@@ -420,19 +420,20 @@ def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
         bytewise = _u8s8(plan, w, flip)
         in_place = _in_place(problem, 4)
 
-        def launch_avx2(x: np.ndarray, y: np.ndarray) -> None:
+        def launch_avx2(x: np.ndarray, y: np.ndarray, res: Residual = _NO_RESIDUAL) -> None:
             prows = kernels.panel_rows(y.shape[0], 4 * packed.kc4, get_num_threads())
             if (bytewise is not None and y.itemsize == 1 and y.strides[1] == 1
                     and kernels.few_heavy_pairs(x, bytewise[2])):
                 u8s8, col_term = bytewise[:2]
                 assert u8s8.fixes is not None
                 kernels.conv_avx2_u8s8(x, xzp_u, u8s8.data, col_term, *u8s8.fixes, geo,
-                                       u8s8.kc, u8s8.kc4, u8s8.nb, prows, in_place, *tail, y)
+                                       u8s8.kc, u8s8.kc4, u8s8.nb, prows, in_place, *tail, y,
+                                       *res)
                 return
             kernels.conv_avx2(x.view(np.uint8), flip, xzp_u, packed.data, geo, groups,
                               packed.kc, packed.kc4, packed.nb, prows, direct, zeros, *tail,
-                              y)
-        return _with_residual(launch_avx2)
+                              y, *res)
+        return launch_avx2
     col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
     dense = (flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term, geo, groups,
              packed.kc, packed.kc4, packed.nb)
