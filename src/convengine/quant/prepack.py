@@ -100,9 +100,9 @@ def pair_fixes(mat: np.ndarray, pairs: int) -> tuple[np.ndarray, np.ndarray, np.
     (int32, ascending) and their weights ``w[same range] = (w[o, 2p], w[o, 2p + 1])``
     (int32). ``ptr (pairs + 1,)`` int64."""
     o, kc = mat.shape
-    w = np.zeros((o, 2 * pairs), np.int32)
-    w[:, :kc] = mat
-    w = w.reshape(o, pairs, 2)
+    padded = np.zeros((o, 2 * pairs), np.int32)
+    padded[:, :kc] = mat
+    w = padded.reshape(o, pairs, 2)
     risky = ((np.maximum(w, 0).sum(axis=2) >= RISKY_PAIR)
              | (np.maximum(-w, 0).sum(axis=2) >= RISKY_PAIR))  # (O, pairs)
     pair_idx, col = np.nonzero(risky.T)  # ordered by pair, then column
