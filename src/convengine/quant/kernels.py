@@ -748,6 +748,8 @@ def _saturated_pairs(a, a0, lda, kc, rows, fix_ptr, fix_col, fix_w):
     are ``fix_o[first[r]:first[r + 1]]`` (output channels, int32) with what each loses,
     ``fix_d`` (int32)."""
     first = np.zeros(rows + 1, np.int64)
+    if kc == 0 or not _panel_has_heavy_pair(a, a0, rows * lda):
+        return first, np.empty(0, np.int32), np.empty(0, np.int32)
     room = 4 * rows + 64
     while True:
         fix_o = np.empty(room, np.int32)
@@ -757,6 +759,21 @@ def _saturated_pairs(a, a0, lda, kc, rows, fix_ptr, fix_col, fix_w):
         if found <= room:
             return first, fix_o, fix_d
         room = found
+
+
+@njit(inline="always")
+def _panel_has_heavy_pair(a, a0, n):
+    """Whether a pair of the ``n`` bytes ``a[a0:a0 + n]`` (``a0`` and ``n`` even) adds
+    up to 257 or more: one branch-free pass before any row is looked at (MobileNetV2's
+    first 1x1 layers at batch 8, 32 bytes a row, had none, and row by row the search
+    cost a fifth of the tiles' time)."""
+    whole = n // 32
+    if any_heavy_pair(a, a0, whole):
+        return True
+    for k in range(a0 + 32 * whole, a0 + n, 2):
+        if np.int32(a[k]) + np.int32(a[k + 1]) >= 257:
+            return True
+    return False
 
 
 @njit(cache=True)
