@@ -302,6 +302,35 @@ def test_avx2_u8s8_gate():
     assert kernels.few_heavy_pairs(x, share)
 
 
+def test_avx2_int16_weights_packed_on_first_fallback(monkeypatch):
+    """On the AVX2 path a call that takes the byte tiles packs no int16 weights; a later
+    call whose x has many heavy pairs packs them and runs the int16 tiles, both exact
+    against the int64 reference."""
+    from convengine.quant import api, prepack
+
+    if not HAS_AVX2:
+        pytest.skip("no avx2 on this CPU")
+    monkeypatch.setattr(cpu, "int8_path", lambda: "avx2")
+    prepack.clear_cache()
+    packed_paths = []
+    real = api.packed_weights
+    monkeypatch.setattr(api, "packed_weights",
+                        lambda *a: packed_paths.append(a[-1]) or real(*a))
+    rng = np.random.default_rng(11)
+    w = rng.integers(-128, 128, (32, 16, 3, 3)).astype(np.int8)
+    ws = rng.uniform(1e-3, 2e-2, 32)
+    for x, paths in [(rng.integers(0, 128, (1, 16, 9, 9)), ["avx2_u8s8"]),
+                     (rng.integers(0, 256, (1, 16, 9, 9)), ["avx2_u8s8", "avx2"])]:
+        packed_paths.clear()
+        x = x.astype(np.uint8)
+        acc = np.moveaxis(ref_acc(x, 7, w, 0, (1, 1), (1, 1), (1, 1), 1), 1, -1)
+        want = apply_requant(acc.astype(np.int32), requant_params(
+            0.02, ws, 0.7, 3, 32, None, out_dtype=np.uint8), np.uint8)
+        y = qconv(x, 0.02, 7, w, ws, 0, None, out_scale=0.7, out_zero_point=3, padding=1)
+        assert_equal_q(np.moveaxis(y, 1, -1), want, str(paths))
+        assert packed_paths == paths
+
+
 @pytest.mark.parametrize("k,path", [(1, "vnni"), (3, "vnni"), (1, "avx2"), (3, "avx2")])
 def test_int32_bias_requantization_ties_and_saturation(k, path, monkeypatch):
     """ONNX's float64 epilogue in the micro-kernels (VNNI 1x1: conv_vnni; 3x3: implicit

@@ -362,11 +362,54 @@ def _u8s8(plan: Plan, w: np.ndarray, flip: int) -> tuple[Packed, np.ndarray, int
     return packed, col_term, share
 
 
+def _bind_avx2(plan: Plan, w: np.ndarray, flip: int, tail: tuple) -> Launch:
+    """:func:`bind` on the AVX2 path: the byte tiles (:func:`kernels.conv_avx2_u8s8`)
+    where they serve and x has few heavy pairs, else the int16 tiles
+    (:func:`kernels.conv_avx2`), whose weights are packed when first needed: a layer
+    whose calls all take the byte tiles never holds them (ResNet-50's ONNX int8
+    session: 51 MB of int16 weights)."""
+    problem, groups, geo = plan.problem, plan.problem.groups, plan.geometry
+    xzp_u = plan.x_zero_point + flip
+    mode, mult, bias_f, bias_i, zp, lo, hi = tail
+    zeros = np.zeros(max(problem.out_channels, kernels.AVX2_MR), np.int32)
+    direct = problem.is_pointwise and groups == 1
+    in_place = _in_place(problem, 4)
+    bytewise = _u8s8(plan, w, flip)
+    int16: list[Packed] = []
+
+    def int16_weights() -> Packed:
+        if not int16:
+            int16.append(packed_weights(w, lambda a: _canonical(a, problem),
+                                        plan.w_zero_point, groups, "avx2"))
+        return int16[0]
+
+    if bytewise is None:
+        int16_weights()
+
+    def launch_avx2(x: np.ndarray, y: np.ndarray, res: Residual = _NO_RESIDUAL) -> None:
+        threads = get_num_threads()
+        if (bytewise is not None and y.itemsize == 1 and y.strides[1] == 1
+                and kernels.few_heavy_pairs(x, bytewise[2])):
+            u8s8, col_term = bytewise[:2]
+            assert u8s8.fixes is not None
+            prows = kernels.panel_rows(y.shape[0], 4 * u8s8.kc4, threads)
+            kernels.conv_avx2_u8s8(x, xzp_u, u8s8.data, col_term, *u8s8.fixes, geo, u8s8.kc,
+                                   u8s8.kc4, u8s8.nb, prows, in_place, mode, mult, bias_f,
+                                   bias_i, zp, lo, hi, y, *res)
+            return
+        packed = int16_weights()
+        prows = kernels.panel_rows(y.shape[0], 4 * packed.kc4, threads)
+        kernels.conv_avx2(x.view(np.uint8), flip, xzp_u, packed.data, geo, groups, packed.kc,
+                          packed.kc4, packed.nb, prows, direct, zeros, mode, mult, bias_f,
+                          bias_i, zp, lo, hi, y, *res)
+    return launch_avx2
+
+
 def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
     """The plan's kernel with the packed form of the caller's ``w`` and every per-call
     constant bound: ``launch(x, y[, res])`` runs it on canonical x ``(N, D, H, W, C)`` of
     ``x_dtype`` (uint8 or int8) into y ``(M, O)``, then adds :func:`residual` ``res``
-    in place (fused into the VNNI kernels' work items). The weights are looked up (and
+    in place (fused into the dense kernels' work items). The weights are looked up (and
     checked) here, once: a caller that keeps ``launch`` binds again when ``w`` changes."""
     problem, rq, path = plan.problem, plan.requant, plan.path
     flip = 0x80 if x_dtype == np.int8 else 0
@@ -376,6 +419,8 @@ def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
     tail = (plan.mode, rq.multiplier, bias_f, bias_i, rq.zero_point, rq.lo, rq.hi)
     if path == "depthwise" and cpu.int8_path() in ("vnni", "amx"):
         path = "depthwise_vnni"
+    if path == "avx2":
+        return _bind_avx2(plan, w, flip, tail)
     packed = packed_weights(w, lambda a: _canonical(a, problem), plan.w_zero_point,
                             problem.groups, path)
     geo, groups = plan.geometry, problem.groups
@@ -414,26 +459,6 @@ def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
             kernels.conv_portable(x.view(np.uint8), flip, xzp_u, packed.data, geo, groups,
                                   *tail, y)
         return _with_residual(launch_portable)
-    if path == "avx2":
-        zeros = np.zeros(max(problem.out_channels, kernels.AVX2_MR), np.int32)
-        direct = problem.is_pointwise and groups == 1
-        bytewise = _u8s8(plan, w, flip)
-        in_place = _in_place(problem, 4)
-
-        def launch_avx2(x: np.ndarray, y: np.ndarray, res: Residual = _NO_RESIDUAL) -> None:
-            prows = kernels.panel_rows(y.shape[0], 4 * packed.kc4, get_num_threads())
-            if (bytewise is not None and y.itemsize == 1 and y.strides[1] == 1
-                    and kernels.few_heavy_pairs(x, bytewise[2])):
-                u8s8, col_term = bytewise[:2]
-                assert u8s8.fixes is not None
-                kernels.conv_avx2_u8s8(x, xzp_u, u8s8.data, col_term, *u8s8.fixes, geo,
-                                       u8s8.kc, u8s8.kc4, u8s8.nb, prows, in_place, *tail, y,
-                                       *res)
-                return
-            kernels.conv_avx2(x.view(np.uint8), flip, xzp_u, packed.data, geo, groups,
-                              packed.kc, packed.kc4, packed.nb, prows, direct, zeros, *tail,
-                              y, *res)
-        return launch_avx2
     col_term = (packed.kc * xzp_u * packed.wzp - xzp_u * packed.col_sum).astype(np.int32)
     dense = (flip, xzp_u, packed.data, packed.wzp.astype(np.int32), col_term, geo, groups,
              packed.kc, packed.kc4, packed.nb)
