@@ -792,7 +792,7 @@ def _find_saturated(a, a0, lda, kc, rows, fix_ptr, fix_col, fix_w, first, fix_o,
         for k in range(skip, kc, 32):
             if k + 32 <= kc:
                 bits = heavy_pair_mask(a, row + k)
-            else:  # the row's last pairs (a zero or a next row's byte past kc: no weight)
+            else:  # the row's last pairs (past kc: the panel's zero padding)
                 bits = np.uint32(0)
                 for i in range((kc - k + 1) // 2):
                     total = np.int32(a[row + k + 2 * i]) + np.int32(a[row + k + 2 * i + 1])
