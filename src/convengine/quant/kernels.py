@@ -717,9 +717,7 @@ def _panel_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb,
         a, a0 = np.empty(rows * lda, np.uint8), 0
         sums = np.empty(rows, np.int32)  # (row sums: not needed)
         _gather_panel(x, m0, m0 + rows, 0, x.shape[4], geo, xzp, 0, False, kc, lda, a, sums)
-    # (weights that cannot saturate: no pair to look up)
-    first, fix_o, fix_d = _saturated_pairs(a, a0, lda, kc if fix_col.size else 0, rows,
-                                           fix_ptr, fix_col, fix_w)
+    first, fix_o, fix_d = _saturated_pairs(a, a0, lda, kc, rows, fix_ptr, fix_col, fix_w)
     start = np.empty(AVX2_MR * AVX2_NR, np.int32)
     for b in range(nb):
         o0 = b * AVX2_NR
@@ -746,9 +744,9 @@ def _saturated_pairs(a, a0, lda, kc, rows, fix_ptr, fix_col, fix_w):
     """The pairs of ``rows`` rows of bytes ``a[a0 + r * lda:][:kc]`` that saturate
     ``vpmaddubsw`` against the weights of ``fix_ptr``/``fix_col``/``fix_w``: row r's
     are ``fix_o[first[r]:first[r + 1]]`` (output channels, int32) with what each loses,
-    ``fix_d`` (int32)."""
+    ``fix_d`` (int32). Weights without a risky pair (an empty table) need no search."""
     first = np.zeros(rows + 1, np.int64)
-    if kc == 0 or not _panel_has_heavy_pair(a, a0, rows * lda):
+    if fix_col.size == 0 or not _panel_has_heavy_pair(a, a0, rows * lda):
         return first, np.empty(0, np.int32), np.empty(0, np.int32)
     room = 4 * rows + 64
     while True:
