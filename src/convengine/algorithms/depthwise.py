@@ -53,7 +53,9 @@ if not hasattr(cpu.CPUTargetOptions, "noalias"):
 NOALIAS: dict[str, Any] = {"nogil": True, "noalias": True, "fastmath": {"contract"}}
 
 OW_BLOCK = 4  # output pixels per register block
-NVEC = 2  # vectors of channels per register block
+# vectors of channels per register block: with AVX2's 16 registers two spilled (Zen 3,
+# batch-8 56x56x144 stride 1 on 2 threads, caches flushed: 1.08 ms at one, 1.49 at two)
+NVEC = 2 if VECTOR_BYTES == 64 else 1
 GRAIN = 16  # channel slices of a split start at multiples of this
 MAX_TAPS = 9
 # Outputs of at least this many bytes are written with non-temporal stores where every
@@ -95,11 +97,12 @@ def _block_intrinsic(  # noqa: PLR0913
     """An ``@intrinsic`` computing ``width`` adjacent output pixels for NVEC vectors of
     channels (the first ``valid`` lanes; the rest are neither read nor written):
 
-        y.flat[yo + b*C + l] = sum_{i, j} a.flat[ao + i*rs + (b*sw + j*dw)*cs + l]
-                                          * wk.flat[wo + (i*KW + j)*C + l]
+        y.flat[yo + b*C + v*L + l] = sum_{i, j} a.flat[ao + i*rs + (b*sw + j*dw)*cs + v*L + l]
+                                              * wk.flat[(wo + v*L)*KH*KW + (i*KW + j)*L + l]
 
     over taps ``j0 <= j < j1`` (default all), in order, in registers (``llvm.fma`` on
-    ``VECTOR_BYTES`` vectors).
+    ``VECTOR_BYTES`` vectors of L lanes; ``wo`` a multiple of L, wk as :meth:`Plan.taps`
+    lays it out).
     ``streaming``: full vectors go to memory with non-temporal stores, which need
     every full vector of y on a 64-byte boundary (y aligned, C a multiple of a vector).
     ``epilogue``: the block takes two more arguments, ``bias`` (C,) and ``act`` (0:
@@ -148,7 +151,10 @@ def _block_intrinsic(  # noqa: PLR0913
                 for m in masks])
 
         def at(base, offset, v):
-            ptr = builder.gep(base, [builder.add(offset, ir.Constant(it, v * lanes))])
+            """Vector v at ``base + offset`` (offset: a value or None)."""
+            if offset is not None:
+                base = builder.gep(base, [offset])
+            ptr = builder.gep(base, [ir.Constant(it, v * lanes)])
             return builder.bitcast(ptr, vec.as_pointer())
 
         def read(base, offset, v, mask=None):
@@ -162,45 +168,54 @@ def _block_intrinsic(  # noqa: PLR0913
         cttz = builder.module.declare_intrinsic("llvm.cttz", [it, ir.IntType(1)])
         first_inside = builder.add(ao_v, builder.mul(
             builder.call(cttz, [rows_v, ir.Constant(ir.IntType(1), 0)]), rs_v))
-        row_offsets = [
-            builder.select(inside[i], builder.add(ao_v, builder.mul(ir.Constant(it, i), rs_v)),
-                           first_inside)
+        # addresses as a row's pointer plus a multiple of the column stride shared by
+        # all rows, and weights at constant offsets: x86 addressing then takes them as
+        # they are (one index per tap and column had LLVM spill ~60 GPRs per block)
+        rows_at = [
+            builder.gep(a_ptr, [builder.select(
+                inside[i], builder.add(ao_v, builder.mul(ir.Constant(it, i), rs_v)),
+                first_inside)])
             for i in range(kh_)
         ]
+        columns = [builder.mul(ir.Constant(it, k), cs_v)  # taps read, columns prefetched
+                   for k in range(max((width - 1) * sw + (kw_ - 1) * dw + 1, width * sw))]
+        y_at = builder.gep(y_ptr, [yo_v])
+        pixels = [builder.mul(ir.Constant(it, b), c_v) for b in range(width)]
+        # the weights of vector v, tap t at w_at + (v * KH * KW + t) * lanes (Plan.taps)
+        w_at = builder.gep(w_ptr, [builder.mul(wo_v, ir.Constant(it, kh_ * kw_))])
         if epilogue:
             b_ptr = context.make_array(signature.args[11])(context, builder, args[11]).data
             act_v = args[12]
-            every, none = ir.Constant(mask_t, [1] * lanes), ir.Constant(mask_t, None)
-            relu = builder.select(builder.icmp_signed(">=", act_v, ir.Constant(it, 1)),
-                                  every, none)
-            relu6 = builder.select(builder.icmp_signed("==", act_v, ir.Constant(it, 2)),
-                                   every, none)
-            six = ir.Constant(vec, [6.0] * lanes)
+            # the activation as bounds: [0, inf) for ReLU, [0, 6] for ReLU6, else
+            # (-inf, inf) (a mask per activation made AVX2 code pack i1 vectors)
+            inf = float("inf")
+            low_bound = builder.select(builder.icmp_signed(">=", act_v, ir.Constant(it, 1)),
+                                       zero, ir.Constant(vec, [-inf] * lanes))
+            high_bound = builder.select(builder.icmp_signed("==", act_v, ir.Constant(it, 2)),
+                                        ir.Constant(vec, [6.0] * lanes),
+                                        ir.Constant(vec, [inf] * lanes))
 
-            def finish(acc, v):
+            def finish(acc, bias):
                 """act(acc + bias) (ordered compares: NaN stays NaN)."""
-                acc = builder.fadd(acc, read(b_ptr, wo_v, v))
-                low = builder.and_(builder.fcmp_ordered("<", acc, zero), relu)
-                acc = builder.select(low, zero, acc)
-                high = builder.and_(builder.fcmp_ordered(">", acc, six), relu6)
-                return builder.select(high, six, acc)
+                acc = builder.fadd(acc, bias)
+                acc = builder.select(builder.fcmp_ordered("<", acc, low_bound), low_bound, acc)
+                return builder.select(builder.fcmp_ordered(">", acc, high_bound), high_bound,
+                                      acc)
         # software prefetch ahead along the rows: the tap rows new to this output row
         # (the last ``sw``) and y; see PREFETCH_X_BYTES
-        x_ahead = ir.Constant(it, PREFETCH_X_BYTES // (VECTOR_BYTES // lanes))
-        y_ahead = ir.Constant(it, PREFETCH_Y_BYTES // (VECTOR_BYTES // lanes))
+        x_ahead = PREFETCH_X_BYTES // (VECTOR_BYTES // lanes)
+        y_ahead = PREFETCH_Y_BYTES // (VECTOR_BYTES // lanes)
 
-        def fetch(base, offset, v, write):
-            prefetch(builder, at(base, offset, v), write)
+        def fetch(base, offset, ahead, v, write):
+            ptr = builder.gep(builder.gep(base, [offset]), [ir.Constant(it, ahead)])
+            prefetch(builder, at(ptr, None, v), write)
 
         for v in range(NVEC):
             for b in range(width * sw):
                 for i in range(max(0, kh_ - sw), kh_):
-                    col = builder.mul(ir.Constant(it, b), cs_v)
-                    fetch(a_ptr, builder.add(builder.add(row_offsets[i], col), x_ahead), v,
-                          False)
+                    fetch(rows_at[i], columns[b], x_ahead, v, False)
             for b in range(0 if streaming else width):  # non-temporal y: not cached
-                col = builder.mul(ir.Constant(it, b), c_v)
-                fetch(y_ptr, builder.add(builder.add(yo_v, col), y_ahead), v, True)
+                fetch(y_at, pixels[b], y_ahead, v, True)
         def compute(whole: bool) -> None:
             """The block's sums and stores; ``whole``: every lane and tap row is read
             (plain loads and stores, which fold into the multiply-adds, where a masked
@@ -211,22 +226,27 @@ def _block_intrinsic(  # noqa: PLR0913
                 return read(base, offset, v, mask)
 
             for v in range(NVEC):
-                weights = [
-                    operand(w_ptr, builder.add(wo_v, builder.mul(ir.Constant(it, i * kw_ + j),
-                                                                 c_v)), v)
+                weights = [  # zero-padded past the last channel: never masked
+                    builder.load(at(w_at, None, v * kh_ * kw_ + i * kw_ + j),
+                                 align=align.constant)
                     for i, j in taps
                 ]
-                for b in range(width):
-                    acc = None
-                    for (i, j), w in zip(taps, weights):
-                        col = builder.mul(ir.Constant(it, b * sw + j * dw), cs_v)
-                        x = operand(a_ptr, builder.add(row_offsets[i], col), v,
-                                    row_masks[i][v])
-                        acc = builder.fmul(x, w) if acc is None else builder.call(fma,
-                                                                                   [x, w, acc])
-                    ptr = at(y_ptr, builder.add(yo_v, builder.mul(ir.Constant(it, b), c_v)), v)
+                # each x vector is loaded once and used by every pixel it reaches, the
+                # taps of each pixel still summed in order (fewer values live at once)
+                accs: list[Any] = [None] * width
+                uses: dict[tuple[int, int], list[tuple[int, Any]]] = {}
+                for (i, j), w in zip(taps, weights):
+                    for b in range(width):
+                        uses.setdefault((i, b * sw + j * dw), []).append((b, w))
+                for (i, col), pixel_taps in sorted(uses.items()):
+                    x = operand(rows_at[i], columns[col], v, row_masks[i][v])
+                    for b, w in pixel_taps:
+                        accs[b] = (builder.fmul(x, w) if accs[b] is None
+                                   else builder.call(fma, [x, w, accs[b]]))
+                for b, acc in enumerate(accs):
+                    ptr = at(y_at, pixels[b], v)
                     if epilogue:
-                        acc = finish(acc, v)
+                        acc = finish(acc, operand(b_ptr, wo_v, v))
                     # masked stores only for a partial vector: AMD's vmaskmovps store is
                     # microcoded (Zen 3, 56x56x144 single-threaded: 0.60 -> 0.44 ms)
                     full = ir.Constant(ir.IntType(1), 1) if whole else builder.icmp_signed(
@@ -377,7 +397,7 @@ def depthwise2d_kernel(  # noqa: PLR0913
     epilogue: bool = False,
 ) -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
     """The kernels (parallel, serial) for one (KH, KW) kernel shape, width stride and
-    dilations: ``kernel(x (N,H,W,C), wk (KH, KW, C) (:meth:`Plan.taps`), OH, OW, sh,
+    dilations: ``kernel(x (N,H,W,C), wk (:meth:`Plan.taps`), OH, OW, sh,
     ph, pw, row_parts, channel_parts, raw, bias, act) -> y (N,OH,OW,C)``, in ``raw``
     (an :func:`output_buffer`) if that is long enough. The
     serial one runs its tasks in turn on the calling thread. ``streaming``: full
@@ -509,13 +529,17 @@ class Plan(NamedTuple):
         return (kh_ * kw_ * c + buffers) * itemsize
 
     def taps(self, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
-        """The kernels' weights: w (C, *K, 1) as (KH, KW, C) of ``dtype``, taps in the
-        order applied (reversed where the plan flips them), channels innermost."""
+        """The kernels' weights: w (C, *K, 1) as (ceil(C / L), KH * KW, L) of ``dtype``
+        (L the lanes of a vector; channels past C zero): per vector of channels its
+        taps in the order applied (reversed where the plan flips them)."""
         kh_, kw_ = self.key[:2]
-        wk = w.reshape(w.shape[0], kh_, kw_)
+        c, lanes = w.shape[0], VECTOR_BYTES // np.dtype(dtype).itemsize
+        wk = w.reshape(c, kh_ * kw_)
         if self.flip:
-            wk = wk[:, ::-1, ::-1]
-        return np.ascontiguousarray(wk.transpose(1, 2, 0), dtype=dtype)
+            wk = wk[:, ::-1]
+        blocks = np.zeros((-(-c // lanes) * lanes, kh_ * kw_), dtype)
+        blocks[:c] = wk
+        return np.ascontiguousarray(blocks.reshape(-1, lanes, kh_ * kw_).transpose(0, 2, 1))
 
     def __call__(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None,
                  act: int = 0, taps: np.ndarray | None = None) -> np.ndarray:
