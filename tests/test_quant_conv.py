@@ -165,6 +165,8 @@ DEPTHWISE_CASES = [
     (3, 1, 20, (3, 4, 5), 3, 1, 1, (1, 2, 1), "uint8", (-20, 20), "per-channel"),
     # whole vectors of 8 channels (the AVX2 kernel): dilated, 3-D, int8 input
     (2, 2, 48, (9, 11), 3, (1, 2), 2, 2, "uint8", (-128, 128), "per-channel"),
+    # 3-wide kernel rows at stride 2 (each input column widened once), 16 + 16 + 8
+    (2, 2, 40, (7, 12), 3, 2, 1, 1, "uint8", (-128, 128), "per-channel"),
     (3, 1, 24, (3, 4, 6), 3, (1, 1, 2), 1, (1, 1, 2), "int8", (-128, 128), 5),
 ]
 

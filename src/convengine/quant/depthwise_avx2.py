@@ -7,7 +7,10 @@
 (:func:`_block`): each tap's 8 bytes a vector are widened to float32 and multiplied
 into the sums (``vpmovzxbd``, ``vcvtdq2ps``, ``vfmadd``), where the portable loop
 read and wrote a row of sums in memory per tap (Zen 3, MobileNetV2's layers at batch
-8: 2-4 GMAC/s a thread, ONNX Runtime 4-7).
+8: 2-4 GMAC/s a thread, ONNX Runtime 4-7). For 3-wide kernel rows at stride 1 or 2
+the block widens each input column of a row once and multiplies it into every pixel
+that reads it (alternated in one process against one widening per pixel and tap,
+Zen 3: MobileNetV2's layers 1.07-1.29x, at batch 1 and 8).
 
 The sums start at ``wterm = -xzp * sum_t wf[t]`` and add ``x * wf`` over every tap: a
 tap outside the input reads the zero point instead (a row of ``xzp`` for tap rows
@@ -47,7 +50,7 @@ _VI = ir.VectorType(ir.IntType(32), LANES)
 _VB = ir.VectorType(ir.IntType(8), LANES)
 
 
-def _block(width: int, nvec: int) -> Any:
+def _block(width: int, nvec: int, stride: int = 0) -> Any:
     """An ``@intrinsic`` for ``width`` output pixels times ``nvec`` vectors of 8 channels:
 
         out[oo + b * ldo + l] = requant(wterm[c0 + l] + sum_{r, j} row_r[col + b * pix
@@ -55,7 +58,11 @@ def _block(width: int, nvec: int) -> Any:
 
     for ``b < width``, ``l < 8 * nvec``, ``r < len(offsets)``, ``j < kw``, where tap row
     ``r`` is ``src[offsets[r]:]``, or ``zero`` where ``offsets[r] < 0`` (uint8 arrays);
-    ``out`` an 8-bit array, ``ldo`` its row stride. ``requant``: ``_avx2._requant`` of
+    ``out`` an 8-bit array, ``ldo`` its row stride. ``stride`` (1 or 2; 0: any): the
+    form for 3-wide kernel rows at column dilation 1 and that stride (``pix == stride *
+    tap``, ``kw == 3``), which widens each input column of a row once for every pixel
+    that reads it (half the conversions at stride 1) where the general form widens
+    one per pixel and tap. ``requant``: ``_avx2._requant`` of
     the (exact) sum with ``bias`` and ``mult`` at ``c0`` (float32 ``bias``: mode 0;
     int32: mode 1), ``lo``, ``hi``, ``zp``. Arrays only, no raw addresses: with the
     rows' addresses taken by numba's ``.ctypes.data`` in the kernel, a PyTorch benchmark
@@ -94,26 +101,48 @@ def _block(width: int, nvec: int) -> Any:
             fma = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v8f32")
             nrows = context.make_array(signature.args[5])(context, builder, offsets_a).nitems
+
+            def weight(t, v):
+                """Tap t's weights for vector v of the block's channels."""
+                return builder.load(vector_at(arrays[10], builder.add(
+                    builder.mul(t, cn_v), channel(v)), _VF), align=4)
+
+            def add_product(b, v, xv, w):
+                acc = accs[b][v]
+                builder.store(builder.call(fma, [xv, w, builder.load(acc)]), acc)
+
+            def widened(at, index, v):
+                """8 bytes at ``at + index`` (vector v) as float32."""
+                ptr = vector_at(at, builder.add(index, const(LANES * v)), _VB)
+                return builder.sitofp(builder.zext(builder.load(ptr, align=1), _VI), _VF)
+
+            def every_tap(r, row):
+                with cgutils.for_range(builder, kw_v) as tap_loop:
+                    j = tap_loop.index
+                    at = builder.gep(row, [builder.mul(j, tap_v)])
+                    for v in range(nvec):
+                        w = weight(builder.add(builder.mul(r, kw_v), j), v)
+                        for b in range(width):
+                            add_product(b, v, widened(at, builder.mul(const(b), pix_v), v), w)
+
+            def shared_columns(r, row):
+                # pixel b's tap j reads column b * stride + j: each column widened once
+                for v in range(nvec):
+                    ws = [weight(builder.add(builder.mul(r, const(3)), const(j)), v)
+                          for j in range(3)]
+                    for k in range((width - 1) * stride + 3):
+                        xv = widened(row, builder.mul(const(k), tap_v), v)
+                        for b in range(width):
+                            if 0 <= k - b * stride < 3:
+                                add_product(b, v, xv, ws[k - b * stride])
+
             with cgutils.for_range(builder, nrows) as row_loop:
                 r = row_loop.index
                 offset = builder.load(builder.gep(arrays[5], [r]))
                 inside = builder.icmp_signed(">=", offset, const(0))
                 base = builder.select(inside, builder.gep(src_p, [offset]), zero_p)
                 row = builder.gep(base, [col_v])
-                with cgutils.for_range(builder, kw_v) as tap_loop:
-                    j = tap_loop.index
-                    t = builder.add(builder.mul(r, kw_v), j)
-                    at = builder.gep(row, [builder.mul(j, tap_v)])
-                    for v in range(nvec):
-                        w = builder.load(vector_at(arrays[10], builder.add(
-                            builder.mul(t, cn_v), channel(v)), _VF), align=4)
-                        for b in range(width):
-                            ptr = vector_at(at, builder.add(builder.mul(const(b), pix_v),
-                                                            const(LANES * v)), _VB)
-                            xv = builder.sitofp(builder.zext(builder.load(ptr, align=1), _VI),
-                                                _VF)
-                            acc = accs[b][v]
-                            builder.store(builder.call(fma, [xv, w, builder.load(acc)]), acc)
+                (shared_columns if stride else every_tap)(r, row)
             if onnx:
                 lo_q, hi_q, zp_q = lo_v, hi_v, zp_v
             else:
@@ -139,15 +168,33 @@ def _block(width: int, nvec: int) -> Any:
 
 _block4_16, _block4_8 = _block(4, 2), _block(4, 1)
 _block1_16, _block1_8 = _block(1, 2), _block(1, 1)
+_block4_16_s1, _block4_8_s1 = _block(4, 2, 1), _block(4, 1, 1)
+_block4_16_s2, _block4_8_s2 = _block(4, 2, 2), _block(4, 1, 2)
 
 
 @njit(inline="always")
 def _pixels(out, oo, ldo, src, zero, offsets, col, pix, tap, kw, wf, chans, wterm, bias,
-            mult, lo, hi, zp, width):
-    """``width`` (1 or 4) adjacent pixels of one output row over all channels."""
+            mult, lo, hi, zp, width, shared):
+    """``width`` (1 or 4) adjacent pixels of one output row over all channels;
+    ``shared`` 1 or 2: 3-wide kernel rows at that stride, column dilation 1 (the
+    blocks of 4 then widen each input column once), else 0."""
     for c0 in range(0, chans, 2 * LANES):
         at, start = oo + c0, col + c0
-        if chans - c0 >= 2 * LANES:
+        if width == BLOCK and shared == 1:
+            if chans - c0 >= 2 * LANES:
+                _block4_16_s1(out, at, ldo, src, zero, offsets, start, pix, tap, kw, wf,
+                              chans, c0, wterm, bias, mult, lo, hi, zp)
+            else:
+                _block4_8_s1(out, at, ldo, src, zero, offsets, start, pix, tap, kw, wf,
+                             chans, c0, wterm, bias, mult, lo, hi, zp)
+        elif width == BLOCK and shared == 2:
+            if chans - c0 >= 2 * LANES:
+                _block4_16_s2(out, at, ldo, src, zero, offsets, start, pix, tap, kw, wf,
+                              chans, c0, wterm, bias, mult, lo, hi, zp)
+            else:
+                _block4_8_s2(out, at, ldo, src, zero, offsets, start, pix, tap, kw, wf,
+                             chans, c0, wterm, bias, mult, lo, hi, zp)
+        elif chans - c0 >= 2 * LANES:
             if width == BLOCK:
                 _block4_16(out, at, ldo, src, zero, offsets, start, pix, tap, kw, wf, chans,
                            c0, wterm, bias, mult, lo, hi, zp)
@@ -190,6 +237,7 @@ def _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, z
     lo_ow = min(ow_n, (pw + sw - 1) // sw)  # pixels [lo_ow, hi_ow) read x in place
     hi_ow = max(lo_ow, min(ow_n, (w_in - 1 + pw - reach) // sw + 1))
     flo, fhi, fzp = np.float64(lo), np.float64(hi), np.float64(zp)
+    shared = sw if kw_n == 3 and dw == 1 and sw <= 2 else 0
     offsets = np.empty(nrows, np.int64)  # the tap rows' offsets in x, or -1 outside x
     window = np.empty(nrows * kw_n * chans, np.uint8)
     win_rows = np.arange(nrows) * (kw_n * chans)  # the window's rows
@@ -206,11 +254,11 @@ def _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, z
             if mode == 0:
                 _pixels(out, (m0 + ow) * ldo, ldo, xflat, zero_row, offsets, col, sw * chans,
                         dw * chans, kw_n, wflat, chans, wterm, bias_f, mult, flo, fhi, fzp,
-                        width)
+                        width, shared)
             else:
                 _pixels(out, (m0 + ow) * ldo, ldo, xflat, zero_row, offsets, col, sw * chans,
                         dw * chans, kw_n, wflat, chans, wterm, bias_i, mult, flo, fhi, fzp,
-                        width)
+                        width, shared)
             ow += width
         for ow in range(ow_n):
             if lo_ow <= ow < hi_ow:
@@ -226,10 +274,10 @@ def _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, z
                         window[at:at + chans] = xzp
             if mode == 0:
                 _pixels(out, (m0 + ow) * ldo, ldo, window, window, win_rows, 0, 0, chans,
-                        kw_n, wflat, chans, wterm, bias_f, mult, flo, fhi, fzp, 1)
+                        kw_n, wflat, chans, wterm, bias_f, mult, flo, fhi, fzp, 1, 0)
             else:
                 _pixels(out, (m0 + ow) * ldo, ldo, window, window, win_rows, 0, 0, chans,
-                        kw_n, wflat, chans, wterm, bias_i, mult, flo, fhi, fzp, 1)
+                        kw_n, wflat, chans, wterm, bias_i, mult, flo, fhi, fzp, 1, 0)
 
 
 @njit(parallel=True, cache=True)
