@@ -165,14 +165,18 @@ def test_unknown_conv_arguments_are_named_at_construction():
         PreparedConv(w, strides=2)
 
 
+@pytest.mark.parametrize("panel_by_panel", [False, True])
 @pytest.mark.parametrize(("x_shape", "w_shape", "kw"), [c[1:] for c in EPILOGUE_CASES[:4]],
                          ids=[c[0] for c in EPILOGUE_CASES[:4]])
-def test_streamed_outputs_match_reference(x_shape, w_shape, kw, monkeypatch):
-    """blocked's non-temporal stores (outputs of STREAMING_BYTES or more, every panel
-    vector on a cache line), made to serve these small outputs: the same results as the
-    float64 reference, residual and ReLU6 included; O not a multiple of VEC keeps the
-    cached stores."""
+def test_streamed_outputs_match_reference(x_shape, w_shape, kw, panel_by_panel, monkeypatch):
+    """blocked's non-temporal stores (outputs of STREAMING_BYTES or more whose pixels
+    start a cache line, their lines written at once: panels of whole lines, or a
+    pixel's panels one after another), made to serve these small outputs: the same
+    results as the float64 reference, residual and ReLU6 included; other outputs keep
+    the cached stores. ``panel_by_panel``: the tasks go one panel at a time."""
     monkeypatch.setattr(blocked, "STREAMING_BYTES", 0)
+    if panel_by_panel:
+        monkeypatch.setattr(blocked, "BLOCKS_INSIDE_BYTES", 0)
     chosen = []
     driver = blocked._gather_driver
     monkeypatch.setattr(blocked, "_gather_driver",
@@ -186,4 +190,6 @@ def test_streamed_outputs_match_reference(x_shape, w_shape, kw, monkeypatch):
     got = PreparedConv(w, bias=bias, activation="relu6", **kw)(x, residual)
     assert_close(got, _epilogue_reference(conv, bias, residual, "relu6"), "float32",
                  "streamed epilogue")
-    assert chosen == [w_shape[0] % blocked.VEC == 0]
+    o, line = w_shape[0], 64 // 4
+    panel = blocked.VEC * blocked._nvec(o)
+    assert chosen == [o % line == 0 and (panel % line == 0 or not panel_by_panel)]

@@ -76,11 +76,11 @@ BLOCKS_INSIDE_BYTES = 32 << 10
 # 8x112x112, alternated in one process (Zen 4): 1.68x as fast on one thread, 1.44x on
 # two; the same layer at batch 1 and the 144 -> 16 one at 28x28 within +-7%
 ONE_VECTOR_ROWS = 8
-# outputs from this size are stored non-temporally where every panel vector starts a
-# cache line (O a multiple of VEC): their lines bypass the caches and are not read
-# before being written. Alternated in one process (Zen 4, 2 threads, ONNX sessions at
-# batch 8): MobileNetV2 1.033x as fast, ResNet-50 1.049x (rounds 1.00-1.09 and
-# 0.95-1.08); no batch-1 layer of either is this large. As depthwise.STREAMING_BYTES
+# outputs from this size are stored non-temporally where every panel covers whole
+# cache lines (see _streams): their lines bypass the caches and are not read before
+# being written. Alternated in one process (Zen 4, 2 threads, ONNX sessions at batch
+# 8): MobileNetV2 1.033x as fast, ResNet-50 1.049x (rounds 1.00-1.09 and 0.95-1.08);
+# no batch-1 layer of either is this large. As depthwise.STREAMING_BYTES
 STREAMING_BYTES = 8 << 20
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, VEC)
@@ -574,7 +574,7 @@ def bind_forward(problem: ConvProblem, wp: np.ndarray, bias: np.ndarray | None =
     tiles = -(-problem.batch * math.prod(problem.out_size) // gather_rows(nvec))
     inside = wp.nbytes <= BLOCKS_INSIDE_BYTES
     split = (_per_task(tiles, 1 if inside else blocks), inside, *walk)
-    streaming = shape[-1] % VEC == 0 and 4 * math.prod(shape) >= STREAMING_BYTES
+    streaming = _streams(shape, nr, inside)
     driver, wf = _gather_driver(nvec, streaming), wp.reshape(-1)
     ndim, padding = problem.ndim, problem.padding
     padded = any(p != (0, 0) for p in padding)
@@ -589,6 +589,21 @@ def bind_forward(problem: ConvProblem, wp: np.ndarray, bias: np.ndarray | None =
                *split)
         return y4.reshape(shape)
     return run
+
+
+def _streams(y_shape: tuple[int, ...], nr: int, blocks_inside: bool) -> bool:
+    """Whether the forward stores y ``(..., O)`` non-temporally, in panels of ``nr``
+    channels (``blocks_inside``: a task writes all of a pixel's panels at once): y of
+    STREAMING_BYTES or more whose every pixel starts a 64-byte line, and whose lines
+    are each written within a short time: each panel covers whole lines, or the
+    panels of a pixel follow one another. A line that two panels share (AVX2's
+    24-channel panels: 96 bytes) written panel by panel over the whole output was
+    written in halves far apart in time, each half leaving the write-combining buffers
+    alone: ResNet-50's 64 -> 256 1x1 at batch 8 56x56 ran 9.9 ms streamed and 5.8 not
+    (Zen 3, 2 threads, caches flushed; 42 against 71 GMAC/s)."""
+    line = memory.ALIGN // 4
+    return (y_shape[-1] % line == 0 and (nr % line == 0 or blocks_inside)
+            and 4 * math.prod(y_shape) >= STREAMING_BYTES)
 
 
 def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray,
