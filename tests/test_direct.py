@@ -250,12 +250,17 @@ def test_depthwise_kernels_match_torch(xs, k, args) -> None:
 
 @pytest.mark.parametrize("depthwise_threads", [1, 2], indirect=True)
 def test_depthwise_reports_its_workspace(depthwise_threads) -> None:
-    """Transposed weights (9 taps x 8 channels) and one buffer of padded input columns
-    (3 rows x (6 - 1 + 3) columns x 8 channels) per task, float32."""
+    """The laid-out weights (9 taps x 8 channels, zero-padded to a whole vector: 16
+    channels with AVX-512) and one buffer of padded input columns (3 rows x (6 - 1 + 3)
+    columns x 8 channels) per task, float32."""
+    from convengine.algorithms import depthwise
+
     x = np.zeros((1, 6, 6, 8), np.float32)
     w = np.zeros((8, 3, 3, 1), np.float32)
     explanation = ce.explain(x, w, padding=1, groups=8, layout="NHWC")
-    assert explanation.workspace_bytes["direct"] == (9 * 8 + depthwise_threads * 3 * 8 * 8) * 4
+    padded = max(8, depthwise.VECTOR_BYTES // 4)
+    assert explanation.workspace_bytes["direct"] == (9 * padded
+                                                     + depthwise_threads * 3 * 8 * 8) * 4
 
 
 def test_depthwise_runs_small_problems_on_the_calling_thread() -> None:

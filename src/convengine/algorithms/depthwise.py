@@ -522,11 +522,13 @@ class Plan(NamedTuple):
     serial: bool  # the kernel runs on the calling thread
 
     def workspace_bytes(self, itemsize: int) -> int:
-        """The transposed weights plus each task's buffer for padded input columns."""
+        """The laid-out weights (:meth:`taps`) plus each task's buffer for padded input
+        columns."""
         n, oh, ow, c = self.y4
         kh_, kw_, sw, dw = self.key[:4]
+        lanes = VECTOR_BYTES // itemsize
         buffers = self.args[3] * self.args[4] * kh_ * ((ow - 1) * sw + (kw_ - 1) * dw + 1) * c
-        return (kh_ * kw_ * c + buffers) * itemsize
+        return (kh_ * kw_ * -(-c // lanes) * lanes + buffers) * itemsize
 
     def taps(self, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
         """The kernels' weights: w (C, *K, 1) as (ceil(C / L), KH * KW, L) of ``dtype``
