@@ -507,6 +507,12 @@ def _split(rows: int, channels: int, threads: int) -> tuple[int, int]:
     return threads, 1
 
 
+def _whole_vectors(channels: int, itemsize: int) -> int:
+    """``channels`` rounded up to whole vectors of ``itemsize``-byte values."""
+    lanes = VECTOR_BYTES // itemsize
+    return -(-channels // lanes) * lanes
+
+
 class Plan(NamedTuple):
     """A depthwise 2-D (or 1-D) conv, ready to run: ``plan(x, w, bias=None, act=0) -> y``."""
 
@@ -526,21 +532,21 @@ class Plan(NamedTuple):
         columns."""
         n, oh, ow, c = self.y4
         kh_, kw_, sw, dw = self.key[:4]
-        lanes = VECTOR_BYTES // itemsize
         buffers = self.args[3] * self.args[4] * kh_ * ((ow - 1) * sw + (kw_ - 1) * dw + 1) * c
-        return (kh_ * kw_ * -(-c // lanes) * lanes + buffers) * itemsize
+        return (kh_ * kw_ * _whole_vectors(c, itemsize) + buffers) * itemsize
 
     def taps(self, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
         """The kernels' weights: w (C, *K, 1) as (ceil(C / L), KH * KW, L) of ``dtype``
         (L the lanes of a vector; channels past C zero): per vector of channels its
         taps in the order applied (reversed where the plan flips them)."""
         kh_, kw_ = self.key[:2]
-        c, lanes = w.shape[0], VECTOR_BYTES // np.dtype(dtype).itemsize
+        c, itemsize = w.shape[0], np.dtype(dtype).itemsize
         wk = w.reshape(c, kh_ * kw_)
         if self.flip:
             wk = wk[:, ::-1]
-        blocks = np.zeros((-(-c // lanes) * lanes, kh_ * kw_), dtype)
+        blocks = np.zeros((_whole_vectors(c, itemsize), kh_ * kw_), dtype)
         blocks[:c] = wk
+        lanes = VECTOR_BYTES // itemsize
         return np.ascontiguousarray(blocks.reshape(-1, lanes, kh_ * kw_).transpose(0, 2, 1))
 
     def __call__(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None,
