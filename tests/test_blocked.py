@@ -75,6 +75,20 @@ def test_padded_input_places_x_and_zeros_the_border():
     np.testing.assert_array_equal(xp, expected)
 
 
+
+@pytest.mark.parametrize("view", ["contiguous", "nchw", "w-sliced"])
+@pytest.mark.parametrize("padding", [((1, 1), (1, 1)), ((0, 2), (3, 0)), ((2, 0), (0, 1))])
+def test_pad_copies_any_strides(view, padding):
+    # the row copy (C-contiguous x) and the strided one (an NCHW array seen as NHWC,
+    # channels the far axis; or a W slice, rows not one run), against numpy's pad
+    base = np.random.default_rng(1).standard_normal((2, 5, 7, 12)).astype(np.float32)
+    x = {"contiguous": base[..., :3].copy(), "nchw": base[..., :3].transpose(0, 1, 3, 2)
+         .copy().transpose(0, 1, 3, 2), "w-sliced": base[:, :, ::2, :]}[view]
+    assert x.flags.c_contiguous == (view == "contiguous")
+    xp = blocked.pad(x, 2, padding)
+    assert xp.flags.c_contiguous
+    np.testing.assert_array_equal(xp, np.pad(x, ((0, 0), *padding, (0, 0))))
+
 def test_stems_choose_blocked():
     x = np.zeros((1, 224, 224, 3), np.float32)
     assert ce.explain(x, np.zeros((64, 7, 7, 3), np.float32), stride=2, padding=3,

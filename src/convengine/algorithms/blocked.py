@@ -418,19 +418,52 @@ def _gather_driver(nvec: int, streaming: bool = False) -> Any:
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _pad_rows(x, xp, top, left):
-    """Copy x (N,H,W,C) into xp (N,Hp,Wp,C) at offset (top, left), zeroing the rest."""
-    n_, h_, w_, _ = x.shape
-    _, hp, wp, _ = xp.shape
+def _pad_rows(x3, xp, top, left):
+    """Copy x3 (N, H, W*C), C-contiguous, into xp (N, Hp, Wp, C) at offset (top, left),
+    zeroing the rest: each row one contiguous run (a copy at memory speed; a row of
+    (W, C) slices assigned as 2-D took 3-7x longer, 41 us against 6 for the 224x224x3
+    stem input on Zen 5)."""
+    n_, h_, wc = x3.shape
+    _, hp, wp, c_ = xp.shape
+    xf = xp.reshape(-1)
     for t in prange(n_ * hp):
         n, i = t // hp, t % hp
-        row = xp[n, i]
+        base, end = t * wp * c_, (t + 1) * wp * c_
         if i < top or i >= top + h_:
-            row[:] = 0
+            xf[base:end] = 0
             continue
-        row[:left] = 0
-        row[left:left + w_] = x[n, i - top]
-        row[left + w_:] = 0
+        start = base + left * c_
+        xf[base:start] = 0
+        xf[start + wc:end] = 0
+        xf[start:start + wc] = x3[n, i - top]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _pad_rows_strided(x, xp, top, left):
+    """:func:`_pad_rows` for x (N, H, W, C) of any strides (an NCHW array seen as
+    NHWC), read along its axis of the smaller stride."""
+    n_, h_, w_, c_ = x.shape
+    _, hp, wp, _ = xp.shape
+    xf = xp.reshape(-1)
+    channels_inner = x.strides[3] <= x.strides[2]
+    for t in prange(n_ * hp):
+        n, i = t // hp, t % hp
+        base, end = t * wp * c_, (t + 1) * wp * c_
+        if i < top or i >= top + h_:
+            xf[base:end] = 0
+            continue
+        start = base + left * c_
+        xf[base:start] = 0
+        xf[start + w_ * c_:end] = 0
+        src = x[n, i - top]
+        if channels_inner:
+            for j in range(w_):
+                for ch in range(c_):
+                    xf[start + j * c_ + ch] = src[j, ch]
+        else:
+            for ch in range(c_):
+                for j in range(w_):
+                    xf[start + j * c_ + ch] = src[j, ch]
 
 
 def padded_input(x: np.ndarray, problem: ConvProblem) -> np.ndarray:
@@ -448,7 +481,10 @@ def pad(x: np.ndarray, ndim: int, padding: tuple[tuple[int, int], ...]) -> np.nd
     (top, bottom), (left, right) = pads
     n, h, w, c = x4.shape
     xp = memory.empty((n, h + top + bottom, w + left + right, c), x.dtype)
-    _pad_rows(x4, xp, top, left)
+    if x4.flags.c_contiguous:
+        _pad_rows(x4.reshape(n, h, w * c), xp, top, left)
+    else:
+        _pad_rows_strided(x4, xp, top, left)
     return xp
 
 
