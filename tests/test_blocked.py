@@ -76,18 +76,23 @@ def test_padded_input_places_x_and_zeros_the_border():
 
 
 
-@pytest.mark.parametrize("view", ["contiguous", "nchw", "w-sliced"])
+@pytest.mark.parametrize("view", ["contiguous", "nchw-rgb", "nchw-5", "hcw", "w-sliced"])
 @pytest.mark.parametrize("padding", [((1, 1), (1, 1)), ((0, 2), (3, 0)), ((2, 0), (0, 1))])
 def test_pad_copies_any_strides(view, padding):
-    # the row copy (C-contiguous x) and the strided one (an NCHW array seen as NHWC,
-    # channels the far axis; or a W slice, rows not one run), against numpy's pad
+    # the row copy (C-contiguous x), the RGB planes of an NCHW array, and the strided
+    # copy (NCHW of 5 channels, (N, H, C, W) memory, a W slice), against numpy's pad
     base = np.random.default_rng(1).standard_normal((2, 5, 7, 12)).astype(np.float32)
-    x = {"contiguous": base[..., :3].copy(), "nchw": base[..., :3].transpose(0, 1, 3, 2)
-         .copy().transpose(0, 1, 3, 2), "w-sliced": base[:, :, ::2, :]}[view]
+
+    def nchw(c):  # an NCHW array seen as NHWC
+        return np.ascontiguousarray(base[..., :c].transpose(0, 3, 1, 2)).transpose(0, 2, 3, 1)
+    x = {"contiguous": base[..., :3].copy(), "nchw-rgb": nchw(3), "nchw-5": nchw(5),
+         "hcw": base[..., :3].transpose(0, 1, 3, 2).copy().transpose(0, 1, 3, 2),
+         "w-sliced": base[:, :, ::2, :]}[view]
     assert x.flags.c_contiguous == (view == "contiguous")
     xp = blocked.pad(x, 2, padding)
     assert xp.flags.c_contiguous
     np.testing.assert_array_equal(xp, np.pad(x, ((0, 0), *padding, (0, 0))))
+
 
 def test_stems_choose_blocked():
     x = np.zeros((1, 224, 224, 3), np.float32)

@@ -466,6 +466,31 @@ def _pad_rows_strided(x, xp, top, left):
                     xf[start + j * c_ + ch] = src[j, ch]
 
 
+@njit(parallel=True, nogil=True, cache=True)
+def _pad_rgb_planes(xn, xp, top, left):
+    """:func:`_pad_rows` for three-channel x given as its C-contiguous NCHW planes xn
+    (N, 3, H, W), interleaved with the channel count a constant (vectorized stores:
+    an ONNX session's 224x224 RGB input 28 -> 6.5 us, Zen 5, 2 threads)."""
+    n_, _, h_, w_ = xn.shape
+    _, hp, wp, _ = xp.shape
+    xf = xp.reshape(-1)
+    for t in prange(n_ * hp):
+        n, i = t // hp, t % hp
+        base, end = t * wp * 3, (t + 1) * wp * 3
+        if i < top or i >= top + h_:
+            xf[base:end] = 0
+            continue
+        start = base + left * 3
+        xf[base:start] = 0
+        xf[start + w_ * 3:end] = 0
+        r0, r1, r2 = xn[n, 0, i - top], xn[n, 1, i - top], xn[n, 2, i - top]
+        out = xf[start:start + w_ * 3]
+        for j in range(w_):
+            out[3 * j] = r0[j]
+            out[3 * j + 1] = r1[j]
+            out[3 * j + 2] = r2[j]
+
+
 def padded_input(x: np.ndarray, problem: ConvProblem) -> np.ndarray:
     """x (N, *S, C) zero-padded as the problem says, as (N, Hp, Wp, C) (a view if unpadded)."""
     return pad(x, problem.ndim, problem.padding)
@@ -481,8 +506,11 @@ def pad(x: np.ndarray, ndim: int, padding: tuple[tuple[int, int], ...]) -> np.nd
     (top, bottom), (left, right) = pads
     n, h, w, c = x4.shape
     xp = memory.empty((n, h + top + bottom, w + left + right, c), x.dtype)
+    planes = x4.transpose(0, 3, 1, 2)
     if x4.flags.c_contiguous:
         _pad_rows(x4.reshape(n, h, w * c), xp, top, left)
+    elif c == 3 and planes.flags.c_contiguous:
+        _pad_rgb_planes(planes, xp, top, left)
     else:
         _pad_rows_strided(x4, xp, top, left)
     return xp
