@@ -75,7 +75,6 @@ def test_padded_input_places_x_and_zeros_the_border():
     np.testing.assert_array_equal(xp, expected)
 
 
-
 @pytest.mark.parametrize("view", ["contiguous", "nchw-rgb", "nchw-5", "hcw", "w-sliced"])
 @pytest.mark.parametrize("padding", [((1, 1), (1, 1)), ((0, 2), (3, 0)), ((2, 0), (0, 1))])
 def test_pad_copies_any_strides(view, padding):

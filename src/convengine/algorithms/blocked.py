@@ -506,10 +506,9 @@ def pad(x: np.ndarray, ndim: int, padding: tuple[tuple[int, int], ...]) -> np.nd
     (top, bottom), (left, right) = pads
     n, h, w, c = x4.shape
     xp = memory.empty((n, h + top + bottom, w + left + right, c), x.dtype)
-    planes = x4.transpose(0, 3, 1, 2)
     if x4.flags.c_contiguous:
         _pad_rows(x4.reshape(n, h, w * c), xp, top, left)
-    elif c == 3 and planes.flags.c_contiguous:
+    elif c == 3 and (planes := x4.transpose(0, 3, 1, 2)).flags.c_contiguous:
         _pad_rgb_planes(planes, xp, top, left)
     else:
         _pad_rows_strided(x4, xp, top, left)
