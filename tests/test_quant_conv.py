@@ -394,6 +394,39 @@ def test_int32_bias_requantization_where_float32_misrounds(path, monkeypatch):
     assert_equal_q(y[0, :, 0, 0], want[0], "near-tie lanes")
 
 
+@pytest.mark.parametrize("path", ["vnni", "avx2"])
+@pytest.mark.parametrize("zp", [0, 255])
+def test_int32_bias_requantization_just_beyond_the_tie_margin(path, zp, monkeypatch):
+    """Values 1-3 ``TIE_MARGIN`` off a half-integer, from sums up to 2**30 (float32's
+    accumulator off by up to 32) and output zero points at both ends: the float32
+    pass alone rounds these (no float64 recompute), so the margin must exceed its
+    error; every lane as numpy's float64."""
+    from convengine.quant._ir import TIE_MARGIN
+
+    if not {"vnni": HAS_VNNI, "avx2": HAS_AVX2}[path]:
+        pytest.skip(f"no {path} on this CPU")
+    monkeypatch.setattr(cpu, "int8_path", lambda: path)
+    rng = np.random.default_rng(zp + len(path))
+    o = 320
+    mult = rng.uniform(2.0 ** -23, 2.0 ** -21, o).astype(np.float32)
+    side = rng.choice([-1.0, 1.0], o) * rng.uniform(1.0, 3.0, o) * TIE_MARGIN
+    target = rng.integers(2, 250, o) + 0.5 + side - zp  # v - zp
+    sums = np.rint(target / mult.astype(np.float64)).astype(np.int64)
+    assert np.count_nonzero(np.abs(sums) > 2**24) > o // 2 and np.all(np.abs(sums) < 2**31)
+    x = np.zeros((1, 4, 1, 1), np.uint8)
+    x[0, 0, 0, 0] = 1
+    w = np.ones((o, 4, 1, 1), np.int8)
+    bias = (sums - 1).astype(np.int32)
+    rq = requant_params(1.0, mult, 1.0, zp, o, bias, bias_mode="int32")
+    want = apply_requant(np.ones((1, o), np.int32), rq, np.uint8)
+    v = sums * mult.astype(np.float64) + zp
+    off = np.abs(v - np.floor(v) - 0.5)
+    assert np.all(off > TIE_MARGIN) and np.all(off < 4 * TIE_MARGIN)  # the band tested
+    y = qconv(x, 1.0, 0, w, mult, 0, bias, out_scale=1.0, out_zero_point=zp,
+              bias_mode="int32", algo=path, layout="NCHW")
+    assert_equal_q(y[0, :, 0, 0], want[0], "lanes just beyond the margin")
+
+
 def test_weights_changed_in_place_are_repacked():
     rng = np.random.default_rng(5)
     x, xzp, w, wzp, ws, conv_args = _make(CASES[0], rng)

@@ -158,7 +158,7 @@ def _requant_onnx(builder, s, mult, lo, hi, zp) -> ir.Value:
     (<8 x i32>, wrapping; float32 ``mult``; float64 integers ``lo``, ``hi``, ``zp``).
 
     First in float32, ``fma(f32(s), mult, zp)`` clamped and rounded to even: within
-    2**-11 of the float64 value inside the clamp range, so both round alike unless a
+    2**-14.6 of the float64 value inside the clamp range, so both round alike unless a
     lane lies within ``_ir.TIE_MARGIN`` of a half-integer (the argument of
     :func:`convengine.quant._ir.requant_i32_codegen`, the AVX-512 form); a vector with
     such a lane (every exact tie) is computed again in float64. With the float64 form
