@@ -54,10 +54,13 @@ from .cpu import _features
 from .kernels import _epilogue
 
 MAX_TAPS = (1 << 24) // (255 * 255)  # the float kernel's exactness bound
-# Below this many multiply-adds the VNNI kernel runs on the calling thread: starting the
-# parallel region (~17 us here, 2 threads) cost more than the second thread saved
-# (MobileNetV2 batch 4: 1.0M no gain, 1.7M slower, 2.7M 1.3x faster with 2 threads).
-SERIAL_MAX_MACS = 2_000_000
+# Below this many multiply-adds the VNNI kernel runs on the calling thread, where
+# starting the parallel region costs more than the second thread saves. 2M when that
+# start took ~17 us (2026-11-29, before convengine's threading layer); re-measured
+# 2026-12-04 (Zen 5, 2 threads, MobileNetV2's batch-1 layers, ONNX mode): parallel
+# 1.2-1.3x faster at 0.25-0.42M, 1.6-1.8x at 0.68-1.35M. 0.5M, as the float kernel's
+# threshold (algorithms/depthwise.py, Zen 4: serial faster at 0.25-0.42M there).
+SERIAL_MAX_MACS = 500_000
 HAS_VBMI = bool(_features.get("avx512vbmi"))  # vpermt2b: 64-byte two-source permutes
 _I8, _I32 = ir.IntType(8), ir.IntType(32)
 
