@@ -353,7 +353,7 @@ def test_tensors_are_freed_after_their_last_use():
     nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Sigmoid", ["a"], ["b"]),
              helper.make_node("Add", ["a", "b"], ["c"]), helper.make_node("Tanh", ["c"], ["y"])]
     session = ceo.Session(_model(nodes, {"x": x}, ["y", "b"]))
-    assert [frees for _, _, frees in session._steps] == [["x"], [], ["a"], ["c"]]
+    assert [frees for _, _, _, frees, _ in session._steps] == [["x"], [], ["a"], ["c"]]
     y, b = session.run(None, {"x": x})
     np.testing.assert_allclose(y, np.tanh(np.maximum(x, 0) + b), rtol=1e-6)
 

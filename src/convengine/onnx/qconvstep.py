@@ -51,14 +51,13 @@ class QConvStep:
         self._launches: dict[tuple[Any, ...], _Bound] = {}
 
     def __call__(self, x: Array, other: Array | None = None) -> Array:
-        xl = to_last(x)
-        key = (xl.shape, xl.dtype, get_num_threads(), cpu.int8_path())
+        key = (x.shape, x.dtype, get_num_threads(), cpu.int8_path())
         bound = self._launches.get(key)
         if bound is None:
-            bound = self._launches[key] = self._bind(xl)
+            bound = self._launches[key] = self._bind(to_last(x))
         launch, allocate, y_rows, y_dtype, shape, canonical = bound
         y = allocate()
-        xc = np.ascontiguousarray(xl).reshape(canonical)
+        xc = np.ascontiguousarray(to_last(x)).reshape(canonical)
         if self.add is None:
             if y.size:
                 launch(xc, y)

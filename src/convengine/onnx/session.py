@@ -184,10 +184,12 @@ class Session:
             node.run = self._compile(node)
         read = {n for node in self._nodes for n in node.inputs} | self._output_names
         self._consts = {k: v for k, v in self._consts.items() if k in read}  # weights
-        # per node, its inputs as (name, the initializer or None) and the tensors to drop
-        # after it: a run looks each input up once (a batch-1 network's nodes take tens
-        # of microseconds, their Python a few)
-        self._steps = [(node, [(n, self._consts.get(n)) for n in node.inputs], frees)
+        # per node: its run, its inputs as (name, the initializer or None), its outputs
+        # as (position, name) and the tensors to drop after it: a run looks each input
+        # up once and does no other bookkeeping (a batch-1 network's nodes take tens of
+        # microseconds, their Python a few)
+        self._steps = [(node.run, [(n, self._consts.get(n)) for n in node.inputs],
+                        [(i, n) for i, n in enumerate(node.outputs) if n], frees, node)
                        for node, frees in zip(self._nodes, self._lifetimes(), strict=True)]
 
     # -------------------------------------------------------------- public
@@ -213,17 +215,15 @@ class Session:
             set_num_threads(threads)
         wake_after_idle()
         try:
-            for node, sources, frees in self._steps:
+            for run, sources, outputs, frees, node in self._steps:
                 # env and initializers are disjoint: an initializer is never an input
-                args = [env.get(n, const) for n, const in sources]
-                assert node.run is not None
                 try:
-                    outputs = node.run(args)
+                    values = run([env.get(n, const) for n, const in sources])
+                    for i, name in outputs:  # an op may leave optional outputs out
+                        if i < len(values):
+                            env[name] = values[i]
                 except Exception as error:  # name the node, keep the kind
                     raise _named(node, error) from error
-                for name, value in zip(node.outputs, outputs, strict=False):
-                    if name:
-                        env[name] = value
                 for name in frees:
                     env.pop(name, None)
         finally:
@@ -611,13 +611,13 @@ class Session:
                                      f"an initializer when W is one")
             step = ConvStep(w, c[b_name] if b_name else None, conv_args(node.attrs, w.shape),
                             node.attrs.get("_epilogue", []))
-            node.inputs[1:3] = ["", ""]  # held, laid out, by the step
+            node.inputs = [node.inputs[0], *node.inputs[3:]]  # w, b held (laid out) by the step
             w_shape = w.shape  # w itself not kept: the step holds its own layout
 
             def run_conv(xs: list[Any]) -> list[Array]:
                 x = np.asarray(xs[0])
                 check_rank(x, w_shape)
-                return [step(x, xs[3:])]
+                return [step(x, xs[1:])]
             return run_conv
         if node.op_type == "QLinearConv" and all(n in c for n in node.inputs[1:9] if n):
             w = c[node.inputs[3]]
@@ -628,21 +628,21 @@ class Session:
             qstep = QConvStep(w, xs, xzp, ws, wzp, b, conv_args(node.attrs, w.shape),
                               y_scale=ys, y_zp=yzp, relu=bool(node.attrs.get("_relu", False)),
                               add=node.attrs.get("_add"))
-            node.inputs[1:9] = [""] * len(node.inputs[1:9])  # held by the step; [9]: add's
+            node.inputs = [node.inputs[0], *node.inputs[9:]]  # held by the step; [9]: add's
 
             qw_shape = w.shape  # w itself not kept: the step holds its own layout
 
             def run_qconv(xs: list[Any]) -> list[Array]:
                 x = np.asarray(xs[0])
                 check_rank(x, qw_shape)
-                return [qstep(x, *xs[9:])]
+                return [qstep(x, *xs[1:])]
             return run_qconv
         if node.op_type == "Gemm" and all(n in c for n in node.inputs[1:3] if n):
             b_, c_ = c[node.inputs[1]], (c[node.inputs[2]] if len(node.inputs) > 2
                                            and node.inputs[2] else None)
             if gemm_step(b_, c_, node.attrs):
                 gstep = GemmStep(b_, c_, node.attrs)
-                node.inputs[1:] = [""] * (len(node.inputs) - 1)  # held by the step
+                node.inputs = node.inputs[:1]  # B, C held by the step
                 return lambda xs: [gstep(np.asarray(xs[0]))]
         if node.op_type == "QGemm" and node.domain == "com.microsoft" and \
                 len(node.inputs) >= 6 and all(n in c for n in node.inputs[1:6] if n):

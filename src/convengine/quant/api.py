@@ -496,7 +496,8 @@ def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
     def launch(x: np.ndarray, y: np.ndarray, res: Residual = _NO_RESIDUAL) -> None:
         prows, parts = kernels.work_split(y.shape[0], lda, y.shape[1] // groups,
                                           get_num_threads())
-        kernels.conv_vnni(x.view(np.uint8), *dense, direct, prows, parts, *tail, y, *res)
+        kernels.conv_vnni(x.view(np.uint8) if flip else x, *dense, direct, prows, parts, *tail,
+                          y, *res)
 
     if _implicit(problem, flip, plan.mode, packed.wzp):
         return launch_taps
