@@ -24,11 +24,12 @@ def _reference(op, inputs, **attrs):
     return ReferenceEvaluator(node).run(None, dict(zip(names, inputs)))[0]
 
 
+@pytest.mark.parametrize("channels", [5, 3])  # 3: an RGB image's interleaving loop
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
-def test_quantize_linear_into_channels_last(dtype):
+def test_quantize_linear_into_channels_last(dtype, channels):
     scale = np.float32(0.05)
     zp = np.array(3 if dtype == np.uint8 else -2, dtype)
-    x = (RNG.standard_normal((2, 5, 6, 7)) * 4).astype(np.float32)
+    x = (RNG.standard_normal((2, channels, 6, 7)) * 4).astype(np.float32)
     x[0, 0, 0, :4] = np.array([0.5, 1.5, -2.5, 100.0], np.float32) * scale  # ties, saturation
     (y,) = ceo.run_node(helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"]),
                         [x, scale, zp])

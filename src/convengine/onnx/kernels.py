@@ -28,23 +28,38 @@ from .. import memory
 from ..quant.kernels import qadd_value
 
 
+@njit(inline="always")
+def _quantized(v, scale, zp, lo, hi):  # pragma: no cover - compiled
+    """One float32 value quantized: clamped first (NaN to lo), then rounded to nearest
+    even by adding and subtracting 1.5 * 2**23 (exact below 2**22): no libm call, so
+    loops of it vectorize."""
+    one, magic = np.float32(1), np.float32(12582912.0)
+    v = min(max(v / scale, lo - zp - one), hi - zp + one)
+    return min(max((v + magic) - magic + zp, lo), hi)
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _quantize_last(x, scale, zp, lo, hi, y):  # pragma: no cover - compiled
     n_, c_, h_, w_ = x.shape
-    one, magic = np.float32(1), np.float32(12582912.0)
     yf = y.reshape(-1)
     cu, wu = np.uintp(c_), np.uintp(w_)  # unsigned indices: no wraparound tests
     for t in prange(n_ * h_):
         n, h = t // h_, t % h_
+        base = np.uintp(t) * wu * cu
+        if c_ == 3:  # an RGB image: interleaved with the channel count a constant
+            r0, r1, r2 = x[n, 0, h], x[n, 1, h], x[n, 2, h]
+            out = yf[base:base + 3 * wu]
+            for w in range(w_):
+                out[3 * w] = _quantized(r0[w], scale, zp, lo, hi)
+                out[3 * w + 1] = _quantized(r1[w], scale, zp, lo, hi)
+                out[3 * w + 2] = _quantized(r2[w], scale, zp, lo, hi)
+            continue
         row = np.empty(c_ * w_, y.dtype)  # one image row, quantized along memory
         for c in range(c_):
             for w in range(w_):
-                # clamped first (NaN to lo), then rounded to nearest even by adding and
-                # subtracting 1.5 * 2**23 (exact below 2**22): no libm call, it vectorizes
-                v = min(max(x[n, c, h, w] / scale, lo - zp - one), hi - zp + one)
-                row[np.uintp(c) * wu + np.uintp(w)] = min(max((v + magic) - magic + zp, lo), hi)
-        base = np.uintp(t) * wu * cu  # then interleaved into channels-last
-        for c in range(c_):
+                row[np.uintp(c) * wu + np.uintp(w)] = _quantized(x[n, c, h, w], scale, zp,
+                                                                 lo, hi)
+        for c in range(c_):  # then interleaved into channels-last
             for w in range(w_):
                 yf[base + np.uintp(w) * cu + np.uintp(c)] = row[np.uintp(c) * wu + np.uintp(w)]
 

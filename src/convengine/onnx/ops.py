@@ -443,7 +443,7 @@ def _flatten(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[A
     (x,) = operands(inputs, "Flatten", 1, 1)
     axis = int(attrs.get("axis", 1))
     axis = axis + x.ndim if axis < 0 else axis
-    return [x.reshape(int(np.prod(x.shape[:axis])), -1)]
+    return [x.reshape(math.prod(x.shape[:axis]), -1)]
 
 
 def _reshape(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:

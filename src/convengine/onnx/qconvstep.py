@@ -23,8 +23,8 @@ from .ops import Array, to_first, to_last
 from .qops import MICROSOFT_OPS, qlinear_add_params
 
 QAdd = tuple[bool, list[Array]]  # (conv's result is A, [a_s, a_zp, b_s, b_zp, c_s, c_zp])
-# (launch, allocate() -> y (rows, O), (rows, O), y dtype, y's NHWC shape, x's canonical shape)
-_Bound = tuple[qapi.Launch, Any, tuple[int, int], np.dtype, tuple[int, ...], tuple[int, ...]]
+# (launch, allocate() -> y (rows, O), (rows, O), y's NHWC shape, x's canonical shape)
+_Bound = tuple[qapi.Launch, Any, tuple[int, int], tuple[int, ...], tuple[int, ...]]
 
 
 class QConvStep:
@@ -47,7 +47,8 @@ class QConvStep:
         self.args = args
         self.add = add
         if add is not None:
-            self._add_params = qlinear_add_params(*add[1])
+            ra, rb, fixed = map(float, qlinear_add_params(*add[1]))
+            self._residual = qapi.residual_add(add[0], ra, rb, fixed, out_dtype)
         self._launches: dict[tuple[Any, ...], _Bound] = {}
 
     def __call__(self, x: Array, other: Array | None = None) -> Array:
@@ -55,7 +56,7 @@ class QConvStep:
         bound = self._launches.get(key)
         if bound is None:
             bound = self._launches[key] = self._bind(to_last(x))
-        launch, allocate, y_rows, y_dtype, shape, canonical = bound
+        launch, allocate, y_rows, shape, canonical = bound
         y = allocate()
         xc = np.ascontiguousarray(to_last(x)).reshape(canonical)
         if self.add is None:
@@ -69,9 +70,7 @@ class QConvStep:
                 launch(xc, y)
             return self._add_apart(to_first(y.reshape(shape)), other)
         if y.size:
-            ra, rb, fixed = map(float, self._add_params)
-            launch(xc, y, qapi.residual(np.ascontiguousarray(ol).reshape(y_rows[0], -1),
-                                        self.add[0], ra, rb, fixed, y_dtype))
+            launch(xc, y, (np.ascontiguousarray(ol).reshape(y_rows[0], -1), *self._residual))
         return to_first(y.reshape(shape))
 
     def _add_apart(self, y: Array, other: Array) -> Array:
@@ -83,8 +82,8 @@ class QConvStep:
 
     def _bind(self, xl: Array) -> _Bound:
         """Everything a call with x of ``xl``'s shape and dtype needs, worked out once:
-        the kernel's launcher, the output's allocator, its ``(rows, O)`` shape and dtype,
-        its NHWC shape and the kernel's canonical shape of x."""
+        the kernel's launcher, the output's allocator, its ``(rows, O)`` and NHWC
+        shapes and the kernel's canonical shape of x."""
         xs, xzp, ws, wzp, b, ys, yzp, odt, relu = self.params
         plan = qapi._cached_plan((xl.shape, xl.dtype, self.w_last.shape, self.w_last.dtype,
                                   xs, xzp, ws, wzp, b, ys, yzp, odt, relu, "int32",
@@ -96,5 +95,5 @@ class QConvStep:
         canonical = qapi._canonical(np.empty(xl.shape, xl.dtype), problem).shape
         allocate = functools.partial(np.empty, y_rows, plan.out_dtype) if small \
             else memory.allocator(y_rows, plan.out_dtype)
-        return (qapi.bind(plan, self.w_last, xl.dtype), allocate, y_rows, plan.out_dtype,
+        return (qapi.bind(plan, self.w_last, xl.dtype), allocate, y_rows,
                 tuple(problem.y_shape("NHWC")), canonical)

@@ -327,13 +327,14 @@ class Launch(Protocol):
     def __call__(self, x: np.ndarray, y: np.ndarray, res: Residual = ...) -> None: ...
 
 
-def residual(res: np.ndarray, conv_first: bool, ra: float, rb: float, fixed: float,
-             out_dtype: np.dtype) -> Residual:
-    """A QLinearAdd for ``launch``'s ``res``: ``res`` 8-bit ``(M, O)`` C-contiguous, the
-    conv's result its ``a`` (``conv_first``) or ``b``; float32 ``ra``, ``rb``, ``fixed``
-    as :func:`kernels.qadd_value` takes them; saturated to ``out_dtype`` (the conv's)."""
+def residual_add(conv_first: bool, ra: float, rb: float, fixed: float, out_dtype: np.dtype
+                 ) -> tuple[int, np.ndarray]:
+    """A QLinearAdd's constants in ``launch``'s ``res = (other, *residual_add(...))``,
+    ``other`` 8-bit ``(M, O)`` C-contiguous: the conv's result is the add's ``a``
+    (``conv_first``) or ``b``; float32 ``ra``, ``rb``, ``fixed`` as
+    :func:`kernels.qadd_value` takes them; saturated to ``out_dtype`` (the conv's)."""
     lo, hi = np.iinfo(out_dtype).min, np.iinfo(out_dtype).max
-    return res, 1 if conv_first else 2, np.array([ra, rb, fixed, lo, hi], np.float32)
+    return 1 if conv_first else 2, np.array([ra, rb, fixed, lo, hi], np.float32)
 
 
 def _with_residual(run: Callable[[np.ndarray, np.ndarray], None]) -> Launch:
