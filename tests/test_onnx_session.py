@@ -340,9 +340,9 @@ def test_prepared_conv_nodes_keep_no_second_copy_of_their_weights():
                                               "yz"], ["yq"], pads=[1, 1, 1, 1])]
     session = ceo.Session(_model(nodes, {"x": x, "xq": xq}, ["y", "yq"],
                                  {"w": f32(3, 4, 3, 3), "wq": i8(3, 4, 3, 3), **params}))
-    assert [n.op_type for n in session._nodes] == ["Conv", "QLinearConv"]
-    for node in session._nodes:
-        held = [cell.cell_contents for cell in node.run.__closure__ or ()]
+    assert [step[4].op_type for step in session._steps] == ["Conv", "QLinearConv"]
+    for run, *_, node in session._steps:
+        held = [cell.cell_contents for cell in run.__closure__ or ()]
         assert not any(isinstance(v, np.ndarray) for v in held), node.op_type
     y, yq = session.run(None, {"x": x, "xq": xq})
     assert y.shape == (1, 3, 6, 6) and yq.shape == (1, 3, 6, 6)

@@ -92,7 +92,6 @@ class _Node:
     inputs: list[str]
     outputs: list[str]
     attrs: dict[str, Any]
-    run: Callable[[list[Any]], list[Array]] | None = None
 
 
 def _load(model: Any) -> onnx.ModelProto:
@@ -180,17 +179,17 @@ class Session:
         nodes = self._fold_batch_norms(nodes)
         nodes = self._fuse_epilogues(nodes)
         self._nodes = self._prune(nodes)
-        for node in self._nodes:
-            node.run = self._compile(node)
+        runs = [self._compile(node) for node in self._nodes]
         read = {n for node in self._nodes for n in node.inputs} | self._output_names
         self._consts = {k: v for k, v in self._consts.items() if k in read}  # weights
         # per node: its run, its inputs as (name, the initializer or None), its outputs
         # as (position, name) and the tensors to drop after it: a run looks each input
         # up once and does no other bookkeeping (a batch-1 network's nodes take tens of
         # microseconds, their Python a few)
-        self._steps = [(node.run, [(n, self._consts.get(n)) for n in node.inputs],
+        self._steps = [(run, [(n, self._consts.get(n)) for n in node.inputs],
                         [(i, n) for i, n in enumerate(node.outputs) if n], frees, node)
-                       for node, frees in zip(self._nodes, self._lifetimes(), strict=True)]
+                       for run, node, frees in zip(runs, self._nodes, self._lifetimes(),
+                                                   strict=True)]
 
     # -------------------------------------------------------------- public
 
