@@ -19,7 +19,14 @@ from convengine import ConvSetupError, qconv
 from convengine.quant import HAS_AMX, HAS_VNNI, cpu, depthwise_avx2
 from convengine.quant import depthwise as depthwise_kernels
 from convengine.quant.cpu import HAS_AVX2
-from convengine.quant.numerics import apply_requant, requant_params
+
+@pytest.fixture
+def force_int8_path():
+    """A function that forces the int8 path for this test (undone after it)."""
+    previous = convengine.config.set(int8_path=None)
+    yield lambda path: convengine.config.set(int8_path=path)
+    convengine.config.set(**previous)
+
 
 PATHS = (["portable"] + (["avx2"] if HAS_AVX2 else []) + (["vnni"] if HAS_VNNI else [])
          + (["amx"] if HAS_AMX else []))
@@ -50,6 +57,49 @@ def ref_acc(x, xzp, w, wzp, stride, padding, dilation, groups):
                 "nc...,oc->no...", patch[:, g * cg:(g + 1) * cg],
                 wd[(slice(g * og, (g + 1) * og), slice(None), *off)])
     return acc
+
+
+def _f32(v):
+    """Round float64 values to float32 (overflow to inf), back as float64.
+
+    Each float32 operation below is the float64 operation on float32 operands rounded
+    once to float32: exact for +, *, / (float64 holds more than twice float32's bits).
+    """
+    with np.errstate(over="ignore"):
+        return np.asarray(v, np.float64).astype(np.float32).astype(np.float64)
+
+
+def ref_requant(acc, x_scale, w_scale, y_scale, y_zp, bias=None, *, out_dtype=np.uint8,
+                relu=False, bias_mode="float", axis=-1):
+    """The requantization definition, written from the formula (not convengine's code).
+
+    ``acc`` integer sums ``sum (x_q - x_zp)(w_q - w_zp[c])``, channel ``c`` on ``axis``;
+    ``s = f32(x_scale) * f32(w_scale[c])`` and ``m = s / f32(y_scale)``, each rounded
+    to float32. ``bias_mode="float"`` (PyTorch/fbgemm, all float32)::
+
+        y = rint((f32(acc) + f32(bias[c]) / s) * m) + y_zp
+
+    ``"int32"`` (ONNX QLinearConv): ``y = rint((acc + bias[c]) * m + y_zp)`` in float64,
+    the sum an int32 one (it wraps). Then ReLU clamps at ``y_zp`` and the result
+    saturates to ``out_dtype``; ``rint`` rounds half to even.
+    """
+    acc = np.asarray(acc, np.int64)
+    o = acc.shape[axis]
+    shape = [1] * acc.ndim
+    shape[axis] = o
+    per_c = lambda v: np.broadcast_to(np.asarray(v, np.float64), (o,)).reshape(shape)  # noqa: E731
+    s = _f32(_f32(x_scale) * _f32(per_c(w_scale)))
+    m = _f32(s / _f32(y_scale))
+    if bias_mode == "float":
+        term = 0.0 if bias is None else _f32(_f32(per_c(bias)) / s)
+        v = np.rint(_f32(_f32(_f32(acc) + term) * m)) + y_zp
+    else:
+        total = acc + (0 if bias is None else np.asarray(bias, np.int64).reshape(shape))
+        total = (total + 2**31) % 2**32 - 2**31  # an int32 sum wraps
+        v = np.rint(total.astype(np.float64) * m + y_zp)
+    info = np.iinfo(out_dtype)
+    lo = max(info.min, y_zp) if relu else info.min
+    return np.clip(v, lo, info.max).astype(out_dtype)
 
 
 def assert_equal_q(got, want, what=""):
@@ -122,13 +172,12 @@ def test_against_int64_reference(case, path):
     for relu, out_dtype, mode in [(False, np.uint8, "float"), (True, np.int8, "float"),
                                   (True, np.uint8, "int32")]:
         b = bias if mode == "float" else np.round(bias * 100).astype(np.int32)
-        want = apply_requant(np.moveaxis(acc, 1, -1).astype(np.int32),
-                             requant_params(0.02, ws, 0.7, 3, o, b, out_dtype=out_dtype,
-                                            relu=relu, bias_mode=mode), out_dtype)
+        want = ref_requant(acc, 0.02, ws, 0.7, 3, b, out_dtype=out_dtype, relu=relu,
+                           bias_mode=mode, axis=1)
         y = qconv(x, 0.02, xzp, w, ws, wzp, b, out_scale=0.7, out_zero_point=3,
                   out_dtype=out_dtype, relu=relu, bias_mode=mode, algo=path, **conv_args)
         assert y.dtype == out_dtype
-        assert_equal_q(y, np.moveaxis(want, -1, 1), f"requantized relu={relu} {mode}")
+        assert_equal_q(y, want, f"requantized relu={relu} {mode}")
 
 
 def test_nhwc_layout_matches_nchw():
@@ -178,7 +227,8 @@ DEPTHWISE_CASES = [
                                                    ("portable", None)],
                          ids=["vnni-serial", "vnni-parallel", "avx2-serial", "avx2-parallel",
                               "portable"])
-def test_depthwise_kernels_against_int64_reference(case, int8_path, serial_max, monkeypatch):
+def test_depthwise_kernels_against_int64_reference(case, int8_path, serial_max, monkeypatch,
+                                                   force_int8_path):
     """Every depthwise kernel (VNNI where the CPU has it, on the calling thread and in
     parallel; AVX2's register blocks where channels come in whole vectors of 8; the
     float one on the portable path): channel blocks of 64 and 16 and a ragged tail,
@@ -196,7 +246,7 @@ def test_depthwise_kernels_against_int64_reference(case, int8_path, serial_max, 
     xzp = int(rng.integers(xi.min, xi.max + 1))
     ws = rng.uniform(1e-3, 2e-2, c)
     conv_args = dict(stride=tup(s), padding=tup(p), dilation=tup(d), groups=c)
-    monkeypatch.setattr(cpu, "_forced", int8_path)
+    force_int8_path(int8_path)
     if serial_max is not None:
         monkeypatch.setattr(depthwise_kernels, "SERIAL_MAX_MACS", serial_max)
         monkeypatch.setattr(depthwise_avx2, "SERIAL_MAX_MACS", serial_max)
@@ -207,14 +257,12 @@ def test_depthwise_kernels_against_int64_reference(case, int8_path, serial_max, 
     for relu, out_dtype, mode in [(False, np.uint8, "float"), (True, np.int8, "float"),
                                   (False, np.int8, "int32")]:
         b = bias if mode == "float" else np.round(bias * 100).astype(np.int32)
-        want = apply_requant(np.moveaxis(acc, 1, -1).astype(np.int32),
-                             requant_params(0.02, ws, 0.3, -5 if out_dtype == np.int8 else 9, c,
-                                            b, out_dtype=out_dtype, relu=relu, bias_mode=mode),
-                             out_dtype)
+        want = ref_requant(acc, 0.02, ws, 0.3, -5 if out_dtype == np.int8 else 9, b,
+                           out_dtype=out_dtype, relu=relu, bias_mode=mode, axis=1)
         y = qconv(x, 0.02, xzp, w, ws, wzp, b, out_scale=0.3,
                   out_zero_point=-5 if out_dtype == np.int8 else 9, out_dtype=out_dtype,
                   relu=relu, bias_mode=mode, algo="depthwise", **conv_args)
-        assert_equal_q(y, np.moveaxis(want, -1, 1), f"requantized relu={relu} {mode}")
+        assert_equal_q(y, want, f"requantized relu={relu} {mode}")
 
 
 @pytest.mark.parametrize("c", [32, 40])
@@ -234,9 +282,8 @@ def test_depthwise_requantization_ties_and_saturation(c):
         scale = 1.0 if mode == "float" else 0.5
         for relu in (False, True):
             acc = np.moveaxis(ref_acc(x, 0, w, 0, (1, 1), (0, 0), (1, 1), c), 1, -1)
-            rq = requant_params(1.0, np.full(c, scale), 1.0, zp, c, bias, out_dtype=out_dtype,
-                                relu=relu, bias_mode=mode)
-            want = apply_requant(acc.astype(np.int32), rq, out_dtype)
+            want = ref_requant(acc, 1.0, np.full(c, scale), 1.0, zp, bias,
+                               out_dtype=out_dtype, relu=relu, bias_mode=mode)
             y = qconv(x, 1.0, 0, w, np.full(c, scale), 0, bias, out_scale=1.0,
                       out_zero_point=zp, out_dtype=out_dtype, relu=relu, bias_mode=mode,
                       groups=c, algo="depthwise")
@@ -278,8 +325,8 @@ def test_avx2_u8s8_path(c, o, size, k, stride, pad, data, monkeypatch):
     for out_dtype, mode, relu in [(np.uint8, "float", True), (np.int8, "float", False),
                                   (np.uint8, "int32", False)]:
         b = bias if mode == "float" else np.round(bias * 100).astype(np.int32)
-        want = apply_requant(acc.astype(np.int32), requant_params(
-            0.02, ws, 0.7, 3, o, b, out_dtype=out_dtype, relu=relu, bias_mode=mode), out_dtype)
+        want = ref_requant(acc, 0.02, ws, 0.7, 3, b, out_dtype=out_dtype, relu=relu,
+                           bias_mode=mode)
         y = qconv(x, 0.02, xzp, w, ws, 0, b, out_scale=0.7, out_zero_point=3,
                   out_dtype=out_dtype, relu=relu, bias_mode=mode, stride=stride,
                   padding=pad, algo="avx2")
@@ -326,8 +373,7 @@ def test_avx2_int16_weights_packed_on_first_fallback(monkeypatch):
         packed_paths.clear()
         x = x.astype(np.uint8)
         acc = np.moveaxis(ref_acc(x, 7, w, 0, (1, 1), (1, 1), (1, 1), 1), 1, -1)
-        want = apply_requant(acc.astype(np.int32), requant_params(
-            0.02, ws, 0.7, 3, 32, None, out_dtype=np.uint8), np.uint8)
+        want = ref_requant(acc, 0.02, ws, 0.7, 3, None, out_dtype=np.uint8)
         y = qconv(x, 0.02, 7, w, ws, 0, None, out_scale=0.7, out_zero_point=3, padding=1)
         assert_equal_q(np.moveaxis(y, 1, -1), want, str(paths))
         assert packed_paths == paths
@@ -358,9 +404,8 @@ def test_int32_bias_requantization_ties_and_saturation(k, path, monkeypatch):
     acc = np.moveaxis(ref_acc(x, 0, w, 0, (1, 1), (k // 2,) * 2, (1, 1), 1), 1, -1)
     for out_dtype, zp in [(np.uint8, 0), (np.uint8, 200), (np.int8, -3)]:
         for relu in (False, True):
-            rq = requant_params(1.0, np.full(o, 0.5), 1.0, zp, o, bias, out_dtype=out_dtype,
-                                relu=relu, bias_mode="int32")
-            want = apply_requant(acc.astype(np.int32), rq, out_dtype)
+            want = ref_requant(acc, 1.0, np.full(o, 0.5), 1.0, zp, bias, out_dtype=out_dtype,
+                               relu=relu, bias_mode="int32")
             y = qconv(x, 1.0, 0, w, np.full(o, 0.5), 0, bias, out_scale=1.0,
                       out_zero_point=zp, out_dtype=out_dtype, relu=relu, bias_mode="int32",
                       padding=k // 2, algo=path, layout="NCHW")
@@ -385,8 +430,8 @@ def test_int32_bias_requantization_where_float32_misrounds(path, monkeypatch):
     halves = 129 + 2 * (np.arange(o) % 60)  # odd: s * mult = halves / 2 (+ the offset)
     sums = halves * 2**17 + np.resize([1, -1, 3, -3, 0], o)
     bias = (sums - w[:, 0, 0, 0]).astype(np.int32)
-    rq = requant_params(1.0, np.full(o, mult), 1.0, 0, o, bias, bias_mode="int32")
-    want = apply_requant(w[:, 0, 0, 0].astype(np.int32)[None], rq, np.uint8)  # + bias: sums
+    want = ref_requant(w[:, 0, 0, 0][None], 1.0, np.full(o, mult), 1.0, 0, bias,
+                       bias_mode="int32")  # + bias: sums
     float32_alone = np.clip(np.rint(sums.astype(np.float32) * np.float32(mult)), 0, 255)
     assert np.any(float32_alone != want)  # the case tells float32 from float64
     y = qconv(x, 1.0, 0, w, np.full(o, mult), 0, bias, out_scale=1.0, out_zero_point=0,
@@ -417,8 +462,7 @@ def test_int32_bias_requantization_just_beyond_the_tie_margin(path, zp, monkeypa
     x[0, 0, 0, 0] = 1
     w = np.ones((o, 4, 1, 1), np.int8)
     bias = (sums - 1).astype(np.int32)
-    rq = requant_params(1.0, mult, 1.0, zp, o, bias, bias_mode="int32")
-    want = apply_requant(np.ones((1, o), np.int32), rq, np.uint8)
+    want = ref_requant(np.ones((1, o)), 1.0, mult, 1.0, zp, bias, bias_mode="int32")
     v = sums * mult.astype(np.float64) + zp
     off = np.abs(v - np.floor(v) - 0.5)
     assert np.all(off > TIE_MARGIN) and np.all(off < 4 * TIE_MARGIN)  # the band tested
@@ -443,17 +487,16 @@ def test_bias_and_scales_changed_in_place_are_seen():
     x, xzp, w, wzp, ws, conv_args = _make(CASES[0], rng)
     o = w.shape[0]
     bias = rng.normal(0, 50, o).astype(np.float32)
-    acc = np.moveaxis(ref_acc(x, xzp, w, wzp, **conv_args), 1, -1).astype(np.int32)
+    acc = np.moveaxis(ref_acc(x, xzp, w, wzp, **conv_args), 1, -1)
     for _ in range(2):
         y = qconv(x, 0.02, xzp, w, ws, wzp, bias, out_scale=0.7, out_zero_point=3, **conv_args)
-        want = apply_requant(acc, requant_params(0.02, ws, 0.7, 3, o, bias), np.uint8)
+        want = ref_requant(acc, 0.02, ws, 0.7, 3, bias)
         assert_equal_q(np.moveaxis(y, 1, -1), want, "after changing bias and w_scale")
         bias += 40
         ws *= 1.5
 
 
-def test_forced_portable_path(monkeypatch):
-    monkeypatch.setattr(cpu, "_forced", "auto")
+def test_forced_portable_path(force_int8_path):
     cpu.set_int8_path("portable")
     try:
         assert cpu.int8_path() == "portable"
@@ -462,7 +505,7 @@ def test_forced_portable_path(monkeypatch):
                                               dtype="uint8"), "auto") == "portable"
     finally:
         cpu.set_int8_path("auto")
-    with pytest.raises(ConvSetupError, match="int8 path"):
+    with pytest.raises(ConvSetupError, match="int8.path"):
         cpu.set_int8_path("fast")
 
 
@@ -586,12 +629,11 @@ def test_implicit_gemm_against_int64_reference(n, c, o, h, w, k, pad, s, threads
     for relu, out_dtype, mode in [(False, np.uint8, "float"), (True, np.int8, "float"),
                                   (False, np.uint8, "int32"), (True, np.int8, "int32")]:
         b = bias if mode == "float" else np.round(bias * 100).astype(np.int32)
-        want = apply_requant(np.moveaxis(acc, 1, -1).astype(np.int32),
-                             requant_params(0.02, ws, 0.7, 3, o, b, out_dtype=out_dtype,
-                                            relu=relu, bias_mode=mode), out_dtype)
+        want = ref_requant(acc, 0.02, ws, 0.7, 3, b, out_dtype=out_dtype, relu=relu,
+                           bias_mode=mode, axis=1)
         y = qconv(x, 0.02, 37, wq, ws, 0, b, out_scale=0.7, out_zero_point=3,
                   out_dtype=out_dtype, relu=relu, bias_mode=mode, algo="vnni", **args)
-        assert_equal_q(y, np.moveaxis(want, -1, 1), f"relu={relu} {mode}")
+        assert_equal_q(y, want, f"relu={relu} {mode}")
     assert len(calls) == 4
 
 
