@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import convengine as ce
-from convengine import problem as problem_module
 
 RNG = np.random.default_rng(19)
 X = RNG.standard_normal((1, 2, 4, 4)).astype(np.float32)
@@ -56,8 +55,10 @@ def test_huge_stride_and_dilation_values_refused():
 
 
 def test_limit_is_configurable(monkeypatch):
-    monkeypatch.setattr(problem_module, "MAX_ELEMENTS", 100)
     x = RNG.standard_normal((1, 2, 9, 9)).astype(np.float32)  # y (1, 16, 8, 8): 1,024 values
+    with ce.config.override(max_elements=100):
+        assert "the output y" in _fast(ce.conv, x, W, padding=0, stride=1, algo="reference")
+    monkeypatch.setenv("CONVENGINE_MAX_ELEMENTS", "100")
     assert "the output y" in _fast(ce.conv, x, W, padding=0, stride=1, algo="reference")
 
 

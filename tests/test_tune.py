@@ -240,7 +240,7 @@ def test_modes_and_environment(monkeypatch):
         ce.get_tuning()
     assert ce.set_tuning("off") is None
     assert ce.get_tuning() == "off"
-    with pytest.raises(ConvSetupError, match="mode must be one of"):
+    with pytest.raises(ConvSetupError, match="tuning must be one of"):
         ce.set_tuning("fast")
 
 

@@ -9,6 +9,8 @@ spills (measured on an EPYC Zen 3: MobileNetV2's convs 3.3x slower than ONNX Run
 
 from __future__ import annotations
 
+import ctypes
+import os
 import platform
 
 
@@ -24,8 +26,71 @@ def host_features() -> dict[str, bool]:
         return {}
 
 
-FEATURES = host_features()
-HAS_AVX512 = bool(FEATURES.get("avx512f"))
+def request_amx() -> bool:
+    """Ask Linux for AMX tile state (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)."""
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.syscall(158, 0x1023, 18) == 0)  # SYS_arch_prctl
+    except (OSError, AttributeError):
+        return False
+
+
+# The instruction-set levels the kernels know, lowest first, and the LLVM features
+# each adds. ``CONVENGINE_ISA`` lowers the level (never above the CPU's), so that one
+# host runs every path: the AVX2 kernels on an AVX-512 CPU, for example.
+ISA_LEVELS = ("none", "avx2", "avx512", "avx512_vnni", "amx")
+_LEVEL_FEATURES = {
+    "avx2": ("avx2", "fma"),
+    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
+    "avx512_vnni": ("avx512vnni",),
+    "amx": ("amx-int8", "amx-tile"),
+}
+ISA_ENV = "CONVENGINE_ISA"
+
+
+def _cpu_level(features: dict[str, bool]) -> str:
+    """The highest level whose features (and those of every level below) the CPU has."""
+    level = "none"
+    for name in ISA_LEVELS[1:]:
+        if not all(features.get(f) for f in _LEVEL_FEATURES[name]):
+            break
+        if name == "amx" and not request_amx():
+            break
+        level = name
+    return level
+
+
+def _chosen_level(cpu: str, requested: str) -> str:
+    """``requested`` (from ``$CONVENGINE_ISA``; empty: the CPU's) checked against the CPU."""
+    word = requested.strip().lower()
+    if not word:
+        return cpu
+    if word not in ISA_LEVELS:
+        raise ValueError(f"${ISA_ENV} must be one of {ISA_LEVELS}, got {requested!r}")
+    if ISA_LEVELS.index(word) > ISA_LEVELS.index(cpu):
+        raise ValueError(f"${ISA_ENV}={word!r} is above this CPU's instruction set {cpu!r}")
+    return word
+
+
+def _lowered(features: dict[str, bool], level: str) -> dict[str, bool]:
+    """``features`` without those of the levels above ``level``."""
+    above = ISA_LEVELS[ISA_LEVELS.index(level) + 1:]
+    dropped = {f for name in above for f in _LEVEL_FEATURES[name]}
+    if ISA_LEVELS.index(level) < ISA_LEVELS.index("avx512"):
+        dropped |= {f for f in features if f.startswith("avx512")}
+    return {f: v for f, v in features.items() if f not in dropped}
+
+
+CPU_FEATURES = host_features()
+CPU_ISA = _cpu_level(CPU_FEATURES)
+ISA = _chosen_level(CPU_ISA, os.environ.get(ISA_ENV, ""))
+FEATURES = _lowered(CPU_FEATURES, ISA)  # what the kernels may use
+HAS_AVX2 = ISA_LEVELS.index(ISA) >= ISA_LEVELS.index("avx2")
+HAS_AVX512 = ISA_LEVELS.index(ISA) >= ISA_LEVELS.index("avx512")
+HAS_VNNI = ISA_LEVELS.index(ISA) >= ISA_LEVELS.index("avx512_vnni")
+HAS_AMX = ISA == "amx"
 VECTOR_BYTES = 64 if HAS_AVX512 else 32  # one register: zmm, else ymm
 VECTOR_REGISTERS = 32 if HAS_AVX512 else 16
 # a register block's accumulators: three quarters of the registers, the rest holding

@@ -53,7 +53,11 @@ from typing import Any
 import numba
 from numba.core import caching
 
-from . import _compile_log  # noqa: F401  (logs slow compilations)
+from . import (
+    _compile_log,  # noqa: F401  (logs slow compilations)
+    _host,
+    config,
+)
 from ._version import __version__
 
 logger = logging.getLogger("convengine")
@@ -73,10 +77,8 @@ def kernel_dir() -> Path:
     """``<cache dir>/kernels`` (``CONVENGINE_CACHE_DIR`` moves it, as for tuning), or
     ``$CONVENGINE_KERNEL_DIR`` (the test suite keeps a private tuning cache, but
     compiled kernels across runs)."""
-    from .tune.cache import cache_dir
-
     own = os.environ.get(KERNEL_DIR_VARIABLE)
-    return Path(own).expanduser() if own else cache_dir() / SUBDIR
+    return Path(own).expanduser() if own else config.cache_dir() / SUBDIR
 
 
 # ---------------------------------------------------------------- the key
@@ -112,7 +114,7 @@ def fingerprint(home: str) -> str:
 
         h = hashlib.sha256()
         for part in (__version__, numba.__version__, llvmlite.__version__,
-                     binding.get_host_cpu_name(), binding.get_host_cpu_features().flatten(),
+                     binding.get_host_cpu_name(), binding.get_host_cpu_features().flatten(), _host.ISA,
                      sys.version):
             h.update(part.encode() + b"\0")
         for path in sorted({*_code_files(home), Path(__file__)}):

@@ -15,7 +15,7 @@ import sys
 
 # The variables whose values change what ``auto`` picks (see select.resolve).
 SETTINGS = ("CONVENGINE_TUNING", "CONVENGINE_INEXACT", "CONVENGINE_CACHE_DIR",
-            "XDG_CACHE_HOME", "HOME")
+            "CONVENGINE_MAX_ELEMENTS", "CONVENGINE_INT8_PATH", "XDG_CACHE_HOME", "HOME")
 
 _data = getattr(os.environ, "_data", None)
 _RAW: dict[bytes, bytes] | None = (

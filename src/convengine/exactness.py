@@ -9,35 +9,24 @@ an algorithm forced by name always runs.
 
 from __future__ import annotations
 
-from . import environment
-from .errors import ConvSetupError
+from . import config
 from .problem import ConvProblem
 from .registry import Algorithm
-
-ENV = "CONVENGINE_INEXACT"
-_WORDS = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
-
-_allowed: bool | None = None  # allow_inexact's choice; None: follow the environment
 
 
 def allow_inexact(allowed: bool | None) -> bool | None:
     """Let ``auto`` pick inexact algorithms for float32/16 (True, the default) or not
-    (False); None follows ``$CONVENGINE_INEXACT`` again. Returns the previous setting."""
-    global _allowed
+    (False); None follows ``$CONVENGINE_INEXACT`` again. Returns the previous setting.
+    An alias of ``convengine.config.set(inexact=allowed)``."""
     if allowed is not None and not isinstance(allowed, bool):
         raise TypeError(f"allowed must be True, False or None, got {allowed!r}")
-    previous, _allowed = _allowed, allowed
+    previous: bool | None = config.set(inexact=allowed)["inexact"]
     return previous
 
 
 def inexact_allowed() -> bool:
     """The current setting: allow_inexact's, else ``$CONVENGINE_INEXACT``, else True."""
-    if _allowed is not None:
-        return _allowed
-    word = environment.get(ENV, "on").strip().lower()
-    if word not in _WORDS:
-        raise ConvSetupError(f"${ENV} must be one of {sorted(_WORDS)}, got {word!r}")
-    return _WORDS[word]
+    return bool(config.get("inexact"))
 
 
 def eligible(algo: Algorithm, problem: ConvProblem) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from . import config
 from .errors import ConvSetupError
 from .interop.dlpack import dlpack_device, from_dlpack
 
@@ -33,12 +34,16 @@ Pair = tuple[int, int]
 
 FLOAT32, FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
 
-MAX_ELEMENTS = 2**31
-"""The most values any array a call allocates may hold (the result, a padded copy, an
-algorithm's workspace: 8 GiB of float32), and the largest padded extent, stride,
-dilation or dilated kernel extent of any spatial dim. Problems over it are a
-ConvSetupError before anything is allocated; algorithms whose workspace would exceed
-it refuse the problem. Assign ``convengine.problem.MAX_ELEMENTS`` to change it."""
+LIMIT_NAME = "the max_elements setting (convengine.config, $CONVENGINE_MAX_ELEMENTS)"
+
+
+def max_elements() -> int:
+    """The most values any array a call allocates may hold (the result, a padded copy,
+    an algorithm's workspace; default 2**31, 8 GiB of float32), and the largest padded
+    extent, stride, dilation or dilated kernel extent of any spatial dim. Problems over
+    it are a ConvSetupError before anything is allocated; algorithms whose workspace
+    would exceed it refuse the problem. Set with ``convengine.config.set(max_elements=n)``."""
+    return int(config.get("max_elements"))
 
 
 @dataclass(frozen=True)
@@ -272,12 +277,13 @@ def shape_tuple(value: Any, name: str) -> tuple[int, ...]:
 
 
 def check_elements(shape: Sequence[int], name: str, why: str) -> None:
-    """ConvSetupError if an array of ``shape`` would hold more than MAX_ELEMENTS values."""
+    """ConvSetupError if an array of ``shape`` would hold more than max_elements() values."""
     count = math.prod(shape)
-    if count > MAX_ELEMENTS:
+    limit = max_elements()
+    if count > limit:
         raise ConvSetupError(
             f"{name} would have shape {tuple(shape)}: {count:,} elements, more than the "
-            f"{MAX_ELEMENTS:,} allowed (convengine.problem.MAX_ELEMENTS); {why}"
+            f"{limit:,} allowed by {LIMIT_NAME}; {why}"
         )
 
 
@@ -288,16 +294,17 @@ def _check_extents(
     padding: Sequence[Pair],
     dilation: Sequence[int],
 ) -> None:
-    """Every padded extent, stride, dilation and dilated kernel extent within MAX_ELEMENTS
+    """Every padded extent, stride, dilation and dilated kernel extent within max_elements()
     (the kernels index in int64; nothing that large is a convolution)."""
+    limit = max_elements()
     for i, (n, k, s, (lo, hi), d) in enumerate(zip(in_size, kernel, stride, padding, dilation)):
         for name, value in (("padding", n + lo + hi), ("stride", s), ("dilation", d),
                             ("dilation", d * (k - 1) + 1)):
-            if value > MAX_ELEMENTS:
+            if value > limit:
                 raise ConvSetupError(
                     f"{name} too large in spatial dim {i}: padded input {n} + {lo}+{hi}, "
                     f"stride {s}, dilation {d}, kernel {k} give an extent of {value:,}, "
-                    f"more than {MAX_ELEMENTS:,} (convengine.problem.MAX_ELEMENTS)"
+                    f"more than {limit:,} ({LIMIT_NAME})"
                 )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from . import environment, exactness, registry, threads
+from . import config, environment, exactness, registry, threads
 from .algorithms import weight_cache
 from .errors import ConvSetupError
 from .problem import ConvProblem
@@ -105,7 +105,7 @@ def settings(pass_: str) -> tuple[object, ...]:
     whether the weights are transient. A remembered answer stays valid while this
     compares equal. It reads the other modules' state directly: every Python-level
     call here costs 3-5 us with the caches cold after a large kernel."""
-    return (environment.snapshot(), tuner._mode, TuningCache.changes, exactness._allowed,
+    return (environment.snapshot(), config.generation, TuningCache.changes,
             registry._REGISTRY[pass_], registry._generation, threads.get_num_threads(),
             weight_cache.is_transient())
 

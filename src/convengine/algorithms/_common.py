@@ -8,17 +8,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import problem as limits
-from ..problem import ConvProblem
+from ..problem import LIMIT_NAME, ConvProblem, max_elements
 
 
 def too_large(problem: ConvProblem, workspace_bytes: int, what: str = "workspace") -> str | None:
     """The reason to refuse a problem whose workspace (bytes) would hold more than
-    ``convengine.problem.MAX_ELEMENTS`` values of its compute dtype, else None."""
+    :func:`convengine.problem.max_elements` values of its compute dtype, else None."""
     values = workspace_bytes // problem.compute_dtype.itemsize
-    if values > limits.MAX_ELEMENTS:
-        return (f"{what} of {values:,} values exceeds convengine.problem.MAX_ELEMENTS "
-                f"({limits.MAX_ELEMENTS:,})")
+    limit = max_elements()
+    if values > limit:
+        return f"{what} of {values:,} values exceeds {LIMIT_NAME} ({limit:,})"
     return None
 
 

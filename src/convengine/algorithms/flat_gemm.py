@@ -57,7 +57,7 @@ def _supports(problem: ConvProblem) -> str | None:
 
 
 def _too_large(fwd: ConvProblem) -> str | None:
-    """The padded flat input and the virtual output grid against MAX_ELEMENTS, counted
+    """The padded flat input and the virtual output grid against max_elements(), counted
     before :meth:`Grid.of` lists the taps."""
     s = fwd.stride[0]
     padded = [n + lo + hi for n, (lo, hi) in zip(fwd.in_size, fwd.padding)]

@@ -9,13 +9,10 @@ per row of 64 columns; ``b_off`` points at the first of the 32 columns): tile ro
 of A are 64 bytes of K, tile rows of B one 4-byte group of K for 16 columns.
 Tiles: tmm0-3 accumulate, tmm4-5 hold A, tmm6-7 hold B; all 16 rows x 64 bytes.
 ``amx_begin(cfg)`` loads that configuration (per thread), ``amx_end()`` releases it.
-Linux grants tile state only on request: :func:`request_amx` (arch_prctl).
+Linux grants tile state only on request: :func:`convengine._host.request_amx`.
 """
 
 from __future__ import annotations
-
-import ctypes
-import platform
 
 import numpy as np
 from llvmlite import ir
@@ -37,17 +34,6 @@ def tile_config() -> np.ndarray:
         cfg[16 + 2 * t] = 64  # bytes per row (little-endian u16)
         cfg[48 + t] = 16  # rows
     return cfg
-
-
-def request_amx() -> bool:
-    """Ask Linux for AMX tile state (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)."""
-    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl
-    except (OSError, AttributeError):
-        return False
 
 
 def _fn(builder: ir.IRBuilder, name: str, args: list[ir.Type]) -> ir.Function:

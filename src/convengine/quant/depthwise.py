@@ -38,6 +38,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .._host import FEATURES
 from ._ir import (
     LANES,
     VB,
@@ -50,7 +51,6 @@ from ._ir import (
     requant_i32_codegen,
     splat,
 )
-from .cpu import _features
 from .kernels import _epilogue
 
 MAX_TAPS = (1 << 24) // (255 * 255)  # the float kernel's exactness bound
@@ -61,7 +61,7 @@ MAX_TAPS = (1 << 24) // (255 * 255)  # the float kernel's exactness bound
 # 1.2-1.3x faster at 0.25-0.42M, 1.6-1.8x at 0.68-1.35M. 0.5M, as the float kernel's
 # threshold (algorithms/depthwise.py, Zen 4: serial faster at 0.25-0.42M there).
 SERIAL_MAX_MACS = 500_000
-HAS_VBMI = bool(_features.get("avx512vbmi"))  # vpermt2b: 64-byte two-source permutes
+HAS_VBMI = bool(FEATURES.get("avx512vbmi"))  # vpermt2b: 64-byte two-source permutes
 _I8, _I32 = ir.IntType(8), ir.IntType(32)
 
 

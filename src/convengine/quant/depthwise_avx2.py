@@ -31,7 +31,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._avx2 import _requant, store_bytes
-from .cpu import HAS_AVX2, _features
+from .cpu import HAS_AVX2
 from .depthwise import _row_source
 
 MAX_TAPS = (1 << 24) // (2 * 255 * 255)  # 129: the float32 sums' exactness bound
@@ -42,8 +42,8 @@ BLOCK = 4  # output pixels per register block
 # sooner (Zen 3, 2 threads, back to back: 0.08M MACs 15 us serial, 9 in parallel;
 # 0.42M 77 against 33)
 SERIAL_MAX_MACS = 50_000
-#: AVX2 with FMA: the kernel's multiply-adds (every AVX2 CPU convengine targets has both)
-AVAILABLE = HAS_AVX2 and bool(_features.get("fma"))
+#: AVX2 with FMA (the ``avx2`` level of ``_host`` includes FMA)
+AVAILABLE = HAS_AVX2
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, LANES)
 _VI = ir.VectorType(ir.IntType(32), LANES)

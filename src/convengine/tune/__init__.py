@@ -5,7 +5,8 @@ and host signature, ``bench`` the benchmark loop, ``cache`` the SQLite + memory
 store, ``transfer`` the JSON export and import.
 """
 
-from .cache import TuningCache, TuningCacheWarning, cache_dir
+from ..config import cache_dir
+from .cache import TuningCache, TuningCacheWarning
 from .keys import TuningKey, host_signature, tuning_key
 from .transfer import export_cache, import_cache
 from .tuner import (

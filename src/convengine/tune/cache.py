@@ -40,14 +40,6 @@ class TuningCacheWarning(UserWarning):
     """The tuning cache file cannot be used; results stay in memory."""
 
 
-def cache_dir() -> Path:
-    """Where the cache file lives (``CONVENGINE_CACHE_DIR`` overrides)."""
-    if os.environ.get("CONVENGINE_CACHE_DIR"):
-        return Path(os.environ["CONVENGINE_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "convengine"
-
-
 @dataclass(frozen=True)
 class Entry:
     """One tuning result: the problem class, where it is valid, every candidate's

@@ -20,49 +20,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import environment, exactness, registry, threads
-from ..errors import ConvSetupError
+from .. import config, environment, exactness, registry, threads
+from ..config import cache_dir
 from ..problem import ConvProblem
 from ..registry import Algorithm
 from . import bench, keys
-from .cache import DB_NAME, Entry, Ident, TuningCache, cache_dir
+from .cache import DB_NAME, Entry, Ident, TuningCache
 
-MODES = ("off", "on", "cache-only")
-ENV_MODE = "CONVENGINE_TUNING"
-
-_mode: str | None = None  # set_tuning's choice; None: follow the environment
+MODES = config.TUNING_MODES
 _caches: dict[str, TuningCache] = {}
-_paths: dict[tuple[object, ...], Path] = {}  # environment -> cache file
+_paths: dict[object, Path] = {}  # environment -> cache file
 _caches_lock = threading.Lock()
 _tuning_lock = threading.RLock()  # one benchmark at a time: parallel timings lie
 _noisy: dict[Ident, str] = {}  # measured too noisily to store: the heuristic's pick
 
 
-def _check_mode(mode: Any, name: str) -> str:
-    if mode not in MODES:
-        raise ConvSetupError(f"{name} must be one of {MODES}, got {mode!r}")
-    return str(mode)
-
-
 def get_tuning() -> str:
     """The current mode: set_tuning's, else ``$CONVENGINE_TUNING``, else ``"on"``."""
-    if _mode is not None:
-        return _mode
-    return _check_mode(environment.get(ENV_MODE, "on").strip().lower(), f"${ENV_MODE}")
+    return str(config.get("tuning"))
 
 
 def set_tuning(mode: str | None) -> str | None:
     """Set the tuning mode for this process (``None``: follow ``$CONVENGINE_TUNING``
-    again). Returns the previous setting, so it can be restored."""
-    global _mode
-    previous = _mode
-    _mode = None if mode is None else _check_mode(mode, "mode")
+    again). Returns the previous setting, so it can be restored. An alias of
+    ``convengine.config.set(tuning=mode)``."""
+    previous: str | None = config.set(tuning=mode)["tuning"]
     return previous
 
 
 def default_cache() -> TuningCache:
     """The cache of the current cache directory (one object per directory)."""
-    env = environment.snapshot()  # the cache-dir variables among them
+    env = (environment.snapshot(), config.generation)  # the cache-dir settings among them
     with _caches_lock:
         if env not in _paths:
             _paths[env] = cache_dir() / DB_NAME
