@@ -14,7 +14,6 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import torch  # absolute import: PyTorch, not this module
 import torch.nn.functional as F
@@ -52,13 +51,15 @@ def to_numpy(t: torch.Tensor, name: str = "tensor") -> np.ndarray:
         )
     t = t.detach()
     if t.dtype == torch.bfloat16:
+        import ml_dtypes  # ~0.6 s to import: only where a bfloat16 tensor arrives
+
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.numpy()
 
 
 def from_numpy(a: np.ndarray) -> torch.Tensor:
     """A tensor sharing the memory of a numpy array (bfloat16 via ml_dtypes)."""
-    if a.dtype == ml_dtypes.bfloat16:
+    if a.dtype.name == "bfloat16":  # an ml_dtypes array: ml_dtypes is loaded already
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
 
