@@ -16,7 +16,7 @@ import numpy as np
 import onnx  # absolute import: the onnx package
 from onnx import numpy_helper
 
-from .. import api
+from .. import api, problem
 from ..errors import ConvSetupError
 from ..threads import single_threaded_blas
 from . import kernels
@@ -194,6 +194,8 @@ def _conv_transpose(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) ->
                            for f, op, (lo, hi) in zip(full, out_pad, pairs, strict=True)]
     if min(length) < 1:
         raise ConvSetupError(f"ConvTranspose output would be empty: spatial shape {length}")
+    problem.check_elements((x.shape[0], w.shape[1] * groups, *length), "the ConvTranspose "
+                           "output", "check output_shape, pads and output_padding")
     lo_core = [max(bg, 0) for bg in begin]
     hi_core = [max(f - bg - n, 0) for f, bg, n in zip(full, begin, length, strict=True)]
     core = [f - lo - hi for f, lo, hi in zip(full, lo_core, hi_core, strict=True)]
@@ -300,13 +302,28 @@ def _pool_geometry(x: Array, attrs: Mapping[str, Any]) -> tuple[Any, ...]:
     else:
         pads = _pads(attrs, ndim) if mode == "NOTSET" else ((0, 0),) * ndim
     ceil = bool(attrs.get("ceil_mode", 0)) and mode == "NOTSET"
+    if min(kernel + stride + dilation, default=1) < 1 or \
+            min((p for pair in pads for p in pair), default=0) < 0:
+        raise ConvSetupError(f"pool kernel_shape {list(kernel)}, strides {list(stride)} and "
+                             f"dilations {list(dilation)} must be >= 1, pads >= 0; got pads "
+                             f"{[list(p) for p in pads]}")
     out = []
     for n, k, s, d, (lo, hi) in zip(sizes, kernel, stride, dilation, pads, strict=True):
-        span = n + lo + hi - (d * (k - 1) + 1)
+        extent = d * (k - 1) + 1
+        if lo >= extent or hi >= extent:  # as ONNX Runtime: a window meets the input
+            raise ConvSetupError(f"pool pads {[list(p) for p in pads]} must be smaller than "
+                                 f"the (dilated) kernel extent {extent}")
+        span = n + lo + hi - extent
         size = (-(-span // s) if ceil else span // s) + 1
         if ceil and (size - 1) * s >= n + lo:  # the last window must start inside
             size -= 1
+        if size < 1:
+            raise ConvSetupError(f"pool output would be empty: input spatial shape "
+                                 f"{list(sizes)}, pads {[list(p) for p in pads]}, kernel_shape "
+                                 f"{list(kernel)}, dilations {list(dilation)}")
         out.append(size)
+    problem.check_elements((*x.shape[:2], *out, *kernel), "a pool's (output, kernel tap) "
+                           "pairs", "reduce kernel_shape")
     return kernel, stride, dilation, tuple(out), tuple(tuple(p) for p in pads)
 
 
@@ -320,6 +337,8 @@ def _windows(x: Array, attrs: Mapping[str, Any], fill: Any
               for n, k, s, d, m, (lo, hi) in zip(sizes, kernel, stride, dilation, out, pads,
                                                   strict=True)]
     xl = to_last(x)
+    problem.check_elements((x.shape[0], *(n + lo + hi for n, (lo, hi) in zip(
+        sizes, widths, strict=True)), x.shape[1]), "the padded pool input", "reduce pads")
     if any(lo or hi for lo, hi in widths):
         xl = np.pad(xl, ((0, 0), *widths, (0, 0)), constant_values=fill)
     taps = [tuple(slice(o * d, o * d + s * (m - 1) + 1, s)
@@ -489,6 +508,8 @@ def _pad(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array
     crop = tuple(slice(-min(lo, 0), x.shape[i] + min(hi, 0)) for i, (lo, hi) in enumerate(width))
     x = x[crop]
     width = [(max(lo, 0), max(hi, 0)) for lo, hi in width]
+    problem.check_elements([n + lo + hi for n, (lo, hi) in zip(x.shape, width, strict=True)],
+                           "the Pad output", "check pads")
     modes = ("constant", "reflect", "edge", "wrap")
     if mode not in modes:
         raise ConvSetupError(f"Pad mode={mode!r}; expected one of {modes}")
@@ -617,6 +638,9 @@ def _resize(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Ar
             out[a], factors[a] = int(np.floor(x.shape[a] * float(s))), float(s)
     else:
         raise ConvSetupError("Resize needs scales (input 2) or sizes (input 3)")
+    if min(out, default=1) < 0:
+        raise ConvSetupError(f"Resize output shape {out} has a negative dim")
+    problem.check_elements(out, "the Resize output", "check scales and sizes")
     y = x
     for axis, (n_in, n_out, f) in enumerate(zip(x.shape, out, factors, strict=True)):
         if n_in == n_out and f == 1.0:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ConvSetupError
 from . import kernels
-from .ops import Array, Op, conv_args, matmul_quiet, operands, to_first, to_last
+from .ops import Array, Op, check_rank, conv_args, matmul_quiet, operands, to_first, to_last
 
 
 def _along(v: Array, axis: int, ndim: int) -> Array:
@@ -28,6 +28,25 @@ def _along(v: Array, axis: int, ndim: int) -> Array:
     shape = [1] * ndim
     shape[axis % ndim] = -1
     return v.reshape(shape)
+
+
+def _per_axis(op: str, x: Array, axis: int, **params: Array | None) -> None:
+    """ConvSetupError unless each parameter is one value or one per index of ``axis``."""
+    for name, v in params.items():
+        if v is None or v.size == 1:
+            continue
+        if v.ndim != 1 or not -x.ndim <= axis < x.ndim or v.size != x.shape[axis]:
+            raise ConvSetupError(
+                f"{op} {name} has shape {list(v.shape)}; expected 1 value (per tensor) or 1-D "
+                f"with one per index of axis {axis} of x (shape {list(x.shape)})")
+
+
+def per_tensor(op: str, **params: Any) -> None:
+    """ConvSetupError unless each given parameter is a single value."""
+    for name, v in params.items():
+        if v is not None and np.size(v) != 1:
+            raise ConvSetupError(f"{op} {name} must be per tensor (1 value), got shape "
+                                 f"{list(np.shape(v))}")
 
 
 def saturate(v: Array, dtype: Any, zero_point: Any = 0) -> Array:
@@ -49,6 +68,7 @@ def _quantize(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[
     if dtype.kind not in "iu":
         raise NotImplementedError(f"QuantizeLinear to {dtype} is not supported (integers only)")
     axis = int(attrs.get("axis", 1))
+    _per_axis("QuantizeLinear", x, axis, y_scale=scale, y_zero_point=zp)
     if x.ndim == 4 and x.dtype == np.float32 and x.flags.c_contiguous and scale.size == 1 \
             and (zp is None or zp.size == 1) and dtype.itemsize == 1:
         zero = 0 if zp is None else int(zp.reshape(()))
@@ -61,6 +81,7 @@ def _quantize(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[
 def _dequantize(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
     x, scale, zp = operands(inputs, "DequantizeLinear", 2, 3)
     axis = int(attrs.get("axis", 1))
+    _per_axis("DequantizeLinear", x, axis, x_scale=scale, x_zero_point=zp)
     s = _along(scale, axis, x.ndim)
     z = 0 if zp is None else _along(zp, axis, x.ndim).astype(np.float32)
     return [((x.astype(np.float32) - z) * s).astype(s.dtype)]
@@ -78,6 +99,7 @@ def qlinear_conv_last(x: Array, xs: Array, xzp: Array, w_last: Array, ws: Array,
 
 def _qlinear_conv(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
     x, xs, xzp, w, ws, wzp, ys, yzp, b = operands(inputs, "QLinearConv", 8, 9)
+    check_rank(x, w.shape)
     return [qlinear_conv_last(x, xs, xzp, np.moveaxis(w, 1, -1), ws, wzp, ys, yzp, b,
                               conv_args(attrs, w.shape))]
 
@@ -86,6 +108,7 @@ def _conv_integer(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> l
     from ..quant import qconv
 
     x, w, x_zp, w_zp = operands(inputs, "ConvInteger", 2, 4)
+    check_rank(x, w.shape)
     x_zp = np.zeros((), x.dtype) if x_zp is None else x_zp
     w_zp = np.zeros((), w.dtype) if w_zp is None else w_zp
     y = qconv(to_last(x), 1.0, x_zp, np.moveaxis(w, 1, -1), 1.0, w_zp, out_dtype=np.int32,
@@ -162,6 +185,8 @@ def qlinear_add_params(a_s: Array, a_zp: Array | None, b_s: Array, b_zp: Array |
                        c_s: Array, zp: Array) -> tuple[np.float32, np.float32, np.float32]:
     """QLinearAdd's float32 ``(r_a, r_b, fixed)``: ``r_a = a_s / c_s``, ``r_b = b_s /
     c_s``, ``fixed = c_zp - (r_a a_zp + r_b b_zp)``."""
+    per_tensor("QLinearAdd", A_scale=a_s, A_zero_point=a_zp, B_scale=b_s, B_zero_point=b_zp,
+               C_scale=c_s, C_zero_point=zp)
     ra, rb = np.float32(a_s) / np.float32(c_s), np.float32(b_s) / np.float32(c_s)
     za = np.float32(0 if a_zp is None else a_zp)
     zb = np.float32(0 if b_zp is None else b_zp)
@@ -191,6 +216,11 @@ def _qlinear_global_average_pool(inputs: Sequence[Array | None], attrs: Mapping[
     """com.microsoft QLinearGlobalAveragePool: the integer sum of each channel scaled by
     ``x_s / (y_s * count)``; ``channels_last=1`` reads (N, *S, C)."""
     x, x_s, x_zp, y_s, y_zp = operands(inputs, "QLinearGlobalAveragePool", 5, 5)
+    per_tensor("QLinearGlobalAveragePool", x_scale=x_s, x_zero_point=x_zp, y_scale=y_s,
+               y_zero_point=y_zp)
+    if x.ndim < 3:
+        raise ConvSetupError(f"QLinearGlobalAveragePool needs X of at least 3 dims (N, C, "
+                             f"spatial), got shape {list(x.shape)}")
     last = int(attrs.get("channels_last", 0))
     xl = x if last else to_last(x)
     spatial = tuple(range(1, x.ndim - 1))

@@ -17,14 +17,13 @@ return NCHW views of NHWC memory that the next step reads without a copy.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from ..errors import ConvSetupError
 from ..threads import get_num_threads, note_active, set_num_threads, wake_after_idle
@@ -35,7 +34,6 @@ from .ops import (
     SINGLE_OUTPUT,
     Array,
     Op,
-    attributes,
     check_rank,
     conv_args,
     to_first,
@@ -43,6 +41,7 @@ from .ops import (
 )
 from .qconvstep import QConvStep
 from .qops import MICROSOFT_OPS, QOPS, qgemm, qgemm_output, qgemm_weight
+from .validate import check_graph, check_text, load, source_name, tensor_array
 
 DOMAINS: dict[str, dict[str, Op]] = {"": {**OPS, **QOPS}, "com.microsoft": MICROSOFT_OPS}
 
@@ -70,13 +69,17 @@ class TensorInfo:
     dtype: np.dtype | None
 
 
-def _info(value: onnx.ValueInfoProto) -> TensorInfo:
+def _info(value: onnx.ValueInfoProto, what: str) -> TensorInfo:
     t = value.type.tensor_type
     dtype = None
-    if t.elem_type:
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))
-    type_name = onnx.TensorProto.DataType.Name(t.elem_type).lower() if t.elem_type else "?"
-    type_name = {"float": "float", "double": "double"}.get(type_name, type_name)
+    try:
+        if t.elem_type:
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))
+        type_name = onnx.TensorProto.DataType.Name(t.elem_type).lower() if t.elem_type \
+            else "?"
+    except (KeyError, ValueError):
+        raise ConvSetupError(f"{what} {value.name!r}: elem_type {t.elem_type} is not an "
+                             f"ONNX tensor type") from None
     shape: list[int | str | None] = []
     if t.HasField("shape"):
         shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
@@ -94,26 +97,39 @@ class _Node:
     attrs: dict[str, Any]
 
 
-def _load(model: Any) -> onnx.ModelProto:
-    if isinstance(model, onnx.ModelProto):
-        return model
-    if isinstance(model, (bytes, bytearray, memoryview)):
-        return onnx.load_from_string(bytes(model))
-    if isinstance(model, (str, os.PathLike)):
-        return onnx.load(os.fspath(model))
-    raise TypeError(f"model must be an onnx.ModelProto, a path or the model's bytes, got "
-                    f"{type(model).__name__}")
-
-
-def _named(node: _Node, error: Exception) -> Exception:
-    """The same kind of error, its message prefixed with the node."""
-    message = f"node {node.name!r} ({node.op_type}): {error}"
-    kind = type(error) if isinstance(error, (ValueError, TypeError, NotImplementedError)) \
-        else RuntimeError
+def _named(node: _Node | None, error: Exception, source: str | None = None) -> Exception:
+    """The same kind of error, its message prefixed with the node and the model file
+    (numpy's AxisError, an input of the wrong rank, as a ConvSetupError)."""
+    message = f"node {node.name!r} ({node.op_type}): {error}" if node is not None \
+        else str(error)
+    if source is not None:
+        message = f"ONNX model {source}: {message}"
+    kind = ConvSetupError if isinstance(error, np.exceptions.AxisError) else type(error) \
+        if isinstance(error, (ValueError, TypeError, NotImplementedError)) else RuntimeError
     try:
         return kind(message)
     except TypeError:
         return RuntimeError(message)
+
+
+def _allclose(a: Array, b: Array) -> bool:
+    """np.allclose (rtol 1e-6), False where the shapes do not broadcast."""
+    try:
+        np.broadcast_shapes(np.shape(a), np.shape(b))
+    except ValueError:
+        return False
+    return bool(np.allclose(a, b, rtol=1e-6, atol=0))
+
+
+@contextlib.contextmanager
+def _naming(node: _Node) -> Iterator[None]:
+    """An error inside names ``node`` (a rewrite's or a compile's)."""
+    try:
+        yield
+    except Exception as error:
+        if f"node {node.name!r}" in str(error):
+            raise
+        raise _named(node, error) from error
 
 
 # ------------------------------------------------------------------ epilogues
@@ -155,23 +171,37 @@ class Session:
                                     or threads < 1):
             raise ValueError(f"threads must be a positive int or None, got {threads!r}")
         self.threads = threads
-        model = _load(model)
+        self._source = source_name(model)
+        try:
+            self._prepare(load(model))
+        except (ValueError, TypeError, NotImplementedError) as error:
+            if self._source is None or self._source in str(error):
+                raise
+            raise _named(None, error, self._source) from error
+
+    def _prepare(self, model: onnx.ModelProto) -> None:
+        """Check the model, rewrite and compile its nodes, list the tensors' lifetimes."""
         graph = model.graph
         self._opset = next((o.version for o in model.opset_import
                             if o.domain in ("", "ai.onnx")), 21)
-        nodes = [_Node(n.name or f"{n.op_type}_{i}", n.op_type, n.domain, list(n.input),
-                       list(n.output), attributes(n)) for i, n in enumerate(graph.node)]
+        self._consts: dict[str, Array] = {}
+        for i, t in enumerate(graph.initializer):
+            name = check_text(lambda t=t: t.name, f"initializer #{i}'s name")
+            self._consts[name] = tensor_array(t, f"initializer {name!r}")
+        nodes = [_Node(*parsed) for parsed in check_graph(model, self._consts)]
         unsupported = sorted({f"{n.domain + '::' if n.domain else ''}{n.op_type}"
                               for n in nodes if lookup(n.domain, n.op_type) is None})
         if unsupported:
+            names = [n.name for n in nodes if lookup(n.domain, n.op_type) is None]
             raise NotImplementedError(
                 f"the model uses operators convengine.onnx does not support: "
-                f"{', '.join(unsupported)} (supported: {', '.join(supported_ops())})")
-        self._consts: dict[str, Array] = {t.name: numpy_helper.to_array(t)
-                                          for t in graph.initializer}
-        self._inputs = [_info(v) for v in graph.input if v.name not in self._consts]
-        self._outputs = [_info(v) for v in graph.output]
+                f"{', '.join(unsupported)} (nodes {', '.join(map(repr, names[:8]))}; supported: "
+                f"{', '.join(supported_ops())})")
+        self._inputs = [_info(v, "graph input") for v in graph.input
+                        if v.name not in self._consts]
+        self._outputs = [_info(v, "graph output") for v in graph.output]
         self._output_names = {o.name for o in self._outputs}
+        self._declared = {o.name: o for o in self._outputs}
         nodes = self._rewrite_qdq_convs(nodes)
         nodes = self._rewrite_qdq_ops(nodes)
         nodes = self._fold_constants(nodes)
@@ -179,7 +209,10 @@ class Session:
         nodes = self._fold_batch_norms(nodes)
         nodes = self._fuse_epilogues(nodes)
         self._nodes = self._prune(nodes)
-        runs = [self._compile(node) for node in self._nodes]
+        runs = []
+        for node in self._nodes:
+            with _naming(node):
+                runs.append(self._compile(node))
         read = {n for node in self._nodes for n in node.inputs} | self._output_names
         self._consts = {k: v for k, v in self._consts.items() if k in read}  # weights
         # per node: its run, its inputs as (name, the initializer or None), its outputs
@@ -222,14 +255,26 @@ class Session:
                         if i < len(values):
                             env[name] = values[i]
                 except Exception as error:  # name the node, keep the kind
-                    raise _named(node, error) from error
+                    raise _named(node, error, self._source) from error
                 for name in frees:
                     env.pop(name, None)
         finally:
             note_active()
             if saved is not None and saved != threads:
                 set_num_threads(saved)
-        return [np.ascontiguousarray(self._value(env, n)) for n in names]
+        outputs = [np.ascontiguousarray(self._value(env, n)) for n in names]
+        for name, y in zip(names, outputs, strict=True):
+            self._check_output(self._declared[name], y)
+        return outputs
+
+    def _check_output(self, info: TensorInfo, y: Array) -> None:
+        """ConvSetupError if an output contradicts its declared type or fixed dims."""
+        if (info.dtype is not None and y.dtype != info.dtype) or (info.shape and (
+                len(info.shape) != y.ndim or any(isinstance(d, int) and d > 0 and d != n
+                                                 for d, n in zip(info.shape, y.shape)))):
+            raise ConvSetupError(f"graph output {info.name!r}: the model declares "
+                                 f"{info.type} of shape {info.shape}, its nodes computed "
+                                 f"{y.dtype} of shape {list(y.shape)}")
 
     # -------------------------------------------------------------- feeds
 
@@ -310,44 +355,47 @@ class Session:
         c = self._consts
         dropped: set[int] = set()
         for conv in nodes:
-            if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx"):
-                continue
-            dqs = [made.get(n) for n in conv.inputs]
-            if len(dqs) < 2 or any(d is None or d.op_type != "DequantizeLinear" for d in dqs):
-                continue
-            dx, dw = dqs[0], dqs[1]
-            assert dx is not None and dw is not None
-            chain = [conv]
-            nxt = self._only_user(users, conv.outputs[0])
-            if nxt is not None and nxt.op_type == "Relu":
-                chain.append(nxt)
-                nxt = self._only_user(users, nxt.outputs[0])
-            if nxt is None or nxt.op_type != "QuantizeLinear" or len(nxt.inputs) < 3:
-                continue
-            q = nxt
-            params = [dx.inputs[1:3], dw.inputs[1:3], q.inputs[1:3]]
-            if any(len(p) < 2 or any(n not in c for n in p) for p in params) \
-                    or dw.inputs[0] not in c or c[dw.inputs[0]].dtype != np.int8:
-                continue
-            bias = ""
-            if len(conv.inputs) > 2 and conv.inputs[2]:
-                db = dqs[2]
-                assert db is not None
-                b_q = c.get(db.inputs[0])
-                expected = (np.float32(c[dx.inputs[1]]) * c[dw.inputs[1]].astype(np.float32))
-                if b_q is None or b_q.dtype != np.int32 or not np.allclose(
-                        c[db.inputs[1]], expected, rtol=1e-6, atol=0):
+            with _naming(conv):
+                if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx"):
                     continue
-                bias = db.inputs[0]
-            inputs = [dx.inputs[0], *dx.inputs[1:3], dw.inputs[0], *dw.inputs[1:3],
-                      *q.inputs[1:3], bias]
-            fused = _Node(conv.name, "QLinearConv", "", inputs, list(q.outputs),
-                          dict(conv.attrs))
-            if len(chain) == 2:
-                fused.attrs["_relu"] = True
-            index = nodes.index(q)
-            nodes[index] = fused
-            dropped.update(id(n) for n in chain)
+                dqs = [made.get(n) for n in conv.inputs]
+                if len(dqs) < 2 or any(d is None or d.op_type != "DequantizeLinear" for d in dqs):
+                    continue
+                dx, dw = dqs[0], dqs[1]
+                if dx is None or dw is None:
+                    continue
+                chain = [conv]
+                nxt = self._only_user(users, conv.outputs[0])
+                if nxt is not None and nxt.op_type == "Relu":
+                    chain.append(nxt)
+                    nxt = self._only_user(users, nxt.outputs[0])
+                if nxt is None or nxt.op_type != "QuantizeLinear" or len(nxt.inputs) < 3:
+                    continue
+                q = nxt
+                params = [dx.inputs[1:3], dw.inputs[1:3], q.inputs[1:3]]
+                if any(len(p) < 2 or any(n not in c for n in p) for p in params) \
+                        or dw.inputs[0] not in c or c[dw.inputs[0]].dtype != np.int8 \
+                        or any(c[n].size != 1 for n in [*params[0], *params[2]]):
+                    continue  # QLinearConv's x and y parameters are per tensor
+                bias = ""
+                if len(conv.inputs) > 2 and conv.inputs[2]:
+                    db = dqs[2]
+                    b_q = None if db is None else c.get(db.inputs[0])
+                    if db is None or b_q is None or b_q.dtype != np.int32 or \
+                            len(db.inputs) < 2 or db.inputs[1] not in c or not _allclose(
+                                c[db.inputs[1]], np.float32(c[dx.inputs[1]].reshape(()))
+                                * c[dw.inputs[1]].astype(np.float32)):
+                        continue
+                    bias = db.inputs[0]
+                inputs = [dx.inputs[0], *dx.inputs[1:3], dw.inputs[0], *dw.inputs[1:3],
+                          *q.inputs[1:3], bias]
+                fused = _Node(conv.name, "QLinearConv", "", inputs, list(q.outputs),
+                              dict(conv.attrs))
+                if len(chain) == 2:
+                    fused.attrs["_relu"] = True
+                index = nodes.index(q)
+                nodes[index] = fused
+                dropped.update(id(n) for n in chain)
         return [n for n in nodes if id(n) not in dropped]
 
     def _rewrite_qdq_ops(self, nodes: list[_Node]) -> list[_Node]:
@@ -387,51 +435,55 @@ class Session:
             return params(dq, (axis, c[dq.inputs[0]].shape[axis]))
 
         for node in nodes:
-            if node.op_type not in ("Add", "GlobalAveragePool", "MaxPool", "Flatten", "Reshape",
-                                    "Gemm") or \
-                    len([o for o in node.outputs if o]) != 1:
-                continue
-            q = self._only_user(users, node.outputs[0])
-            qp = params(q) if q is not None and q.op_type == "QuantizeLinear" else None
-            dqs = [made.get(n) for n in node.inputs if n]
-            ins = [params(d) if d is not None and d.op_type == "DequantizeLinear" else None
-                   for d in dqs]
-            if q is None or qp is None or not ins or ins[0] is None:
-                continue
-            if node.op_type == "Gemm" and len(ins) >= 2 and ins[1] is None:
-                ins[1] = per_column(node, dqs[1])
-            op, domain, inputs, attrs = "", "com.microsoft", [], {}
-            if node.op_type == "Add" and len(ins) == 2 and ins[1] is not None:
-                op, inputs = "QLinearAdd", [*ins[0], *ins[1], *qp[1:]]
-            elif node.op_type == "GlobalAveragePool":
-                op, inputs, attrs = "QLinearGlobalAveragePool", [*ins[0], *qp[1:]], \
-                    {"channels_last": 0}
-            elif node.op_type in ("MaxPool", "Flatten", "Reshape") and all(
-                    np.array_equal(c[a], c[b]) for a, b in zip(ins[0][1:], qp[1:])):
-                op, domain, attrs = node.op_type, "", dict(node.attrs)
-                inputs = [ins[0][0], *node.inputs[1:]]
-            elif node.op_type == "Gemm" and len(ins) >= 2 and ins[1] is not None and \
-                    float(node.attrs.get("beta", 1.0)) == 1.0:
-                bias = ""
-                if len(ins) == 3:
-                    b_dq = dqs[2]
-                    assert b_dq is not None
-                    b_q = c.get(b_dq.inputs[0])
-                    expected = np.float32(c[ins[0][1]]) * np.float32(c[ins[1][1]])
-                    b_zp = c.get(b_dq.inputs[2]) if len(b_dq.inputs) > 2 else None
-                    if b_q is None or b_q.dtype != np.int32 or len(b_dq.inputs) < 2 or \
-                            (b_zp is not None and np.any(b_zp)) or \
-                            b_dq.inputs[1] not in c or not np.allclose(
-                                c[b_dq.inputs[1]], expected, rtol=1e-6, atol=0):
-                        continue
-                    bias = b_dq.inputs[0]
-                op, inputs = "QGemm", [*ins[0], *ins[1], bias, *qp[1:]]
-                attrs = {k: node.attrs[k] for k in ("alpha", "transA", "transB")
-                         if k in node.attrs}
-            if not op:
-                continue
-            nodes[nodes.index(q)] = _Node(node.name, op, domain, inputs, list(q.outputs), attrs)
-            dropped.add(id(node))
+            with _naming(node):
+                if node.op_type not in ("Add", "GlobalAveragePool", "MaxPool", "Flatten", "Reshape",
+                                        "Gemm") or \
+                        len([o for o in node.outputs if o]) != 1:
+                    continue
+                q = self._only_user(users, node.outputs[0])
+                qp = params(q) if q is not None and q.op_type == "QuantizeLinear" else None
+                dqs = [made.get(n) for n in node.inputs if n]
+                ins = [params(d) if d is not None and d.op_type == "DequantizeLinear" else None
+                       for d in dqs]
+                if q is None or qp is None or not ins or ins[0] is None:
+                    continue
+                if node.op_type == "Gemm" and len(ins) >= 2 and ins[1] is None:
+                    ins[1] = per_column(node, dqs[1])
+                op, domain, inputs, attrs = "", "com.microsoft", [], {}
+                if node.op_type == "Add" and len(ins) == 2 and ins[1] is not None:
+                    op, inputs = "QLinearAdd", [*ins[0], *ins[1], *qp[1:]]
+                elif node.op_type == "GlobalAveragePool":
+                    op, inputs, attrs = "QLinearGlobalAveragePool", [*ins[0], *qp[1:]], \
+                        {"channels_last": 0}
+                elif node.op_type in ("MaxPool", "Flatten", "Reshape") and all(
+                        np.array_equal(c[a], c[b]) for a, b in zip(ins[0][1:], qp[1:])):
+                    op, domain, attrs = node.op_type, "", dict(node.attrs)
+                    inputs = [ins[0][0], *node.inputs[1:]]
+                elif node.op_type == "Gemm" and len(ins) >= 2 and ins[1] is not None and \
+                        float(node.attrs.get("beta", 1.0)) == 1.0:
+                    bias = ""
+                    if len(ins) == 3:
+                        b_dq = dqs[2]
+                        if b_dq is None or b_dq.op_type != "DequantizeLinear" or \
+                                len(b_dq.inputs) < 2:
+                            continue  # a float bias: the Gemm stays float
+                        b_q = c.get(b_dq.inputs[0])
+                        expected = np.float32(c[ins[0][1]].reshape(())) * \
+                            c[ins[1][1]].astype(np.float32)
+                        b_zp = c.get(b_dq.inputs[2]) if len(b_dq.inputs) > 2 else None
+                        if b_q is None or b_q.dtype != np.int32 or \
+                                (b_zp is not None and np.any(b_zp)) or \
+                                b_dq.inputs[1] not in c or not _allclose(
+                                    c[b_dq.inputs[1]], expected):
+                            continue
+                        bias = b_dq.inputs[0]
+                    op, inputs = "QGemm", [*ins[0], *ins[1], bias, *qp[1:]]
+                    attrs = {k: node.attrs[k] for k in ("alpha", "transA", "transB")
+                             if k in node.attrs}
+                if not op:
+                    continue
+                nodes[nodes.index(q)] = _Node(node.name, op, domain, inputs, list(q.outputs), attrs)
+                dropped.add(id(node))
         return [n for n in nodes if id(n) not in dropped]
 
     def _fuse_qlinear_adds(self, nodes: list[_Node]) -> list[_Node]:
@@ -446,26 +498,27 @@ class Session:
         c = self._consts
         dropped: set[int] = set()
         for add in nodes:
-            if add.op_type != "QLinearAdd" or add.domain != "com.microsoft" or \
-                    len(add.inputs) != 8 or add.inputs[0] == add.inputs[3] or any(
-                        not n or n not in c or c[n].size != 1 for n in add.inputs[1:3]
-                        + add.inputs[4:]):
-                continue
-            last = max((made[n] for n in (add.inputs[0], add.inputs[3]) if n in made),
-                       key=lambda n: order[id(n)], default=None)
-            conv = last if last is not None and last.op_type == "QLinearConv" else None
-            if conv is None or "_add" in conv.attrs or \
-                    self._only_user(users, conv.outputs[0]) is not add or \
-                    len(conv.inputs) < 8 or not conv.inputs[2] or not conv.inputs[7] or \
-                    any(n not in c for n in conv.inputs[1:9] if n) or \
-                    c[conv.inputs[7]].dtype != c[add.inputs[7]].dtype:
-                continue
-            first = conv.outputs[0] == add.inputs[0]
-            conv.attrs["_add"] = (first, [c[add.inputs[i]] for i in (1, 2, 4, 5, 6, 7)])
-            conv.inputs = [*conv.inputs, *[""] * (9 - len(conv.inputs)),
-                           add.inputs[3 if first else 0]]
-            conv.outputs = list(add.outputs)
-            dropped.add(id(add))
+            with _naming(add):
+                if add.op_type != "QLinearAdd" or add.domain != "com.microsoft" or \
+                        len(add.inputs) != 8 or add.inputs[0] == add.inputs[3] or any(
+                            not n or n not in c or c[n].size != 1 for n in add.inputs[1:3]
+                            + add.inputs[4:]):
+                    continue
+                last = max((made[n] for n in (add.inputs[0], add.inputs[3]) if n in made),
+                           key=lambda n: order[id(n)], default=None)
+                conv = last if last is not None and last.op_type == "QLinearConv" else None
+                if conv is None or "_add" in conv.attrs or \
+                        self._only_user(users, conv.outputs[0]) is not add or \
+                        len(conv.inputs) < 8 or not conv.inputs[2] or not conv.inputs[7] or \
+                        any(n not in c for n in conv.inputs[1:9] if n) or \
+                        c[conv.inputs[7]].dtype != c[add.inputs[7]].dtype:
+                    continue
+                first = conv.outputs[0] == add.inputs[0]
+                conv.attrs["_add"] = (first, [c[add.inputs[i]] for i in (1, 2, 4, 5, 6, 7)])
+                conv.inputs = [*conv.inputs, *[""] * (9 - len(conv.inputs)),
+                               add.inputs[3 if first else 0]]
+                conv.outputs = list(add.outputs)
+                dropped.add(id(add))
         return [n for n in nodes if id(n) not in dropped]
 
     def _fold_batch_norms(self, nodes: list[_Node]) -> list[_Node]:
@@ -475,26 +528,33 @@ class Session:
         c = self._consts
         dropped: set[int] = set()
         for bn in nodes:
-            if bn.op_type != "BatchNormalization" or bn.attrs.get("training_mode", 0):
-                continue
-            conv = made.get(bn.inputs[0])
-            if conv is None or conv.op_type != "Conv" or \
-                    self._only_user(users, bn.inputs[0]) is not bn or \
-                    any(n not in c for n in bn.inputs[1:5]) or conv.inputs[1] not in c or \
-                    (len(conv.inputs) > 2 and conv.inputs[2] and conv.inputs[2] not in c) or \
-                    len([o for o in bn.outputs if o]) > 1:
-                continue
-            w = c[conv.inputs[1]]
-            scale, beta, mean, var = (c[n].astype(np.float64) for n in bn.inputs[1:5])
-            inv = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
-            b = c[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and \
-                conv.inputs[2] else np.zeros(w.shape[0])
-            w_name, b_name = f"{conv.name}/bn_folded_w", f"{conv.name}/bn_folded_b"
-            c[w_name] = (w * inv.reshape(-1, *(1,) * (w.ndim - 1))).astype(w.dtype)
-            c[b_name] = ((b - mean) * inv + beta).astype(w.dtype)
-            conv.inputs = [conv.inputs[0], w_name, b_name]
-            conv.outputs = [bn.outputs[0]]
-            dropped.add(id(bn))
+            with _naming(bn):
+                if bn.op_type != "BatchNormalization" or bn.attrs.get("training_mode", 0):
+                    continue
+                conv = made.get(bn.inputs[0])
+                if conv is None or conv.op_type != "Conv" or \
+                        self._only_user(users, bn.inputs[0]) is not bn or \
+                        any(n not in c for n in bn.inputs[1:5]) or conv.inputs[1] not in c or \
+                        (len(conv.inputs) > 2 and conv.inputs[2] and conv.inputs[2] not in c) or \
+                        len([o for o in bn.outputs if o]) > 1:
+                    continue
+                w = c[conv.inputs[1]]
+                shapes = [list(c[n].shape) for n in bn.inputs[1:5]]
+                if w.ndim < 3 or any(shape != [w.shape[0]] for shape in shapes):
+                    raise ConvSetupError(
+                        f"scale, B, input_mean, input_var must each have shape "
+                        f"[{w.shape[0] if w.ndim else '?'}] (the channels of conv "
+                        f"{conv.name!r}'s weight of shape {list(w.shape)}), got {shapes}")
+                scale, beta, mean, var = (c[n].astype(np.float64) for n in bn.inputs[1:5])
+                inv = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+                b = c[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and \
+                    conv.inputs[2] else np.zeros(w.shape[0])
+                w_name, b_name = f"{conv.name}/bn_folded_w", f"{conv.name}/bn_folded_b"
+                c[w_name] = (w * inv.reshape(-1, *(1,) * (w.ndim - 1))).astype(w.dtype)
+                c[b_name] = ((b - mean) * inv + beta).astype(w.dtype)
+                conv.inputs = [conv.inputs[0], w_name, b_name]
+                conv.outputs = [bn.outputs[0]]
+                dropped.add(id(bn))
         return [n for n in nodes if id(n) not in dropped]
 
     def _fuse_epilogues(self, nodes: list[_Node]) -> list[_Node]:
@@ -506,38 +566,39 @@ class Session:
         moved: dict[int, _Node] = {}  # id(last node of a chain) -> fused conv
         absorbed: set[int] = set()
         for conv in nodes:
-            if conv.op_type != "Conv" or conv.inputs[1] not in c:
-                continue
-            steps: list[tuple[str, Any]] = []
-            extra: list[str] = []
-            last = conv
-            nxt = self._only_user(users, conv.outputs[0])
-            if nxt is not None and nxt.op_type == "Add" and len(nxt.inputs) == 2 \
-                    and id(nxt) not in absorbed:
-                other = nxt.inputs[1] if nxt.inputs[0] == conv.outputs[0] else nxt.inputs[0]
-                if other != conv.outputs[0]:
-                    steps.append(("add", len(extra)))
-                    extra.append(other)
+            with _naming(conv):
+                if conv.op_type != "Conv" or conv.inputs[1] not in c:
+                    continue
+                steps: list[tuple[str, Any]] = []
+                extra: list[str] = []
+                last = conv
+                nxt = self._only_user(users, conv.outputs[0])
+                if nxt is not None and nxt.op_type == "Add" and len(nxt.inputs) == 2 \
+                        and id(nxt) not in absorbed:
+                    other = nxt.inputs[1] if nxt.inputs[0] == conv.outputs[0] else nxt.inputs[0]
+                    if other != conv.outputs[0]:
+                        steps.append(("add", len(extra)))
+                        extra.append(other)
+                        absorbed.add(id(nxt))
+                        last = nxt
+                        nxt = self._only_user(users, nxt.outputs[0])
+                act = None if nxt is None else _epilogue_step(nxt, c)
+                silu = self._silu(users, last.outputs[0]) if nxt is None else None
+                if nxt is not None and act is not None:
+                    steps.append(act)
                     absorbed.add(id(nxt))
                     last = nxt
-                    nxt = self._only_user(users, nxt.outputs[0])
-            act = None if nxt is None else _epilogue_step(nxt, c)
-            silu = self._silu(users, last.outputs[0]) if nxt is None else None
-            if nxt is not None and act is not None:
-                steps.append(act)
-                absorbed.add(id(nxt))
-                last = nxt
-            elif silu is not None:  # x * Sigmoid(x)
-                steps.append(("silu", None))
-                absorbed.update(id(n) for n in silu)
-                last = silu[1]
-            if last is conv:
-                continue
-            conv.attrs["_epilogue"] = steps
-            conv.inputs = [*conv.inputs[:3], *[""] * (3 - len(conv.inputs)), *extra]
-            conv.outputs = [last.outputs[0]]
-            moved[id(last)] = conv
-            absorbed.add(id(conv))
+                elif silu is not None:  # x * Sigmoid(x)
+                    steps.append(("silu", None))
+                    absorbed.update(id(n) for n in silu)
+                    last = silu[1]
+                if last is conv:
+                    continue
+                conv.attrs["_epilogue"] = steps
+                conv.inputs = [*conv.inputs[:3], *[""] * (3 - len(conv.inputs)), *extra]
+                conv.outputs = [last.outputs[0]]
+                moved[id(last)] = conv
+                absorbed.add(id(conv))
         for node in nodes:
             if id(node) in moved:
                 out.append(moved[id(node)])
