@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 import convengine as ce
-from convengine import suites
+from convengine.bench import suites
 
 PASSES = ("forward", "backward_data", "backward_weight")
 PAGE = 4096

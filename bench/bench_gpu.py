@@ -170,7 +170,7 @@ def _int8_ratio(layer: Any, rounds: int) -> tuple[float, float | None]:
 def bench(batch: int, rounds: int, quick: bool) -> list[dict[str, Any]]:
     import torch
 
-    from convengine.suites import suite
+    from convengine.bench.suites import suite
 
     torch.backends.cudnn.benchmark = True
     layers = suite("resnet50", batch=batch)

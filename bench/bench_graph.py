@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 import convengine as ce
-from convengine import suites
+from convengine.bench import suites
 from convengine.graph import Candidate, recipes
 from convengine.graph import engines as eng
 from convengine.graph.plan import random_inputs

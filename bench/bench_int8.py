@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 import convengine as ce
-from convengine import suites
+from convengine.bench import suites
 from convengine.quant import int8_path
 
 ENGINES = ("fbgemm", "x86", "onednn")

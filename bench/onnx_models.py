@@ -1,4 +1,4 @@
-"""ResNet-50 and MobileNetV2 (:mod:`convengine.models`, torchvision's architectures
+"""ResNet-50 and MobileNetV2 (:mod:`convengine.bench.models`, torchvision's architectures
 with a width factor for small test models), a net of the other operators exporters
 emit, and their ONNX export (both exporters) and ``quantize_static`` versions.
 Needs the ``torch`` and ``onnx`` extras (onnxruntime for quantization)."""
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from convengine import models
+from convengine.bench import models
 
 
 class OpZoo(nn.Module):

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 import convengine as ce
-from convengine import suites
+from convengine.bench import suites
 
 ALGOS = ("winograd", "winograd4", "direct")
 

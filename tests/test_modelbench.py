@@ -1,4 +1,4 @@
-"""convengine.modelbench: the whole-network benchmark's pieces that need no timing."""
+"""convengine.bench.modelbench: the whole-network benchmark's pieces that need no timing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from convengine import modelbench  # noqa: E402
+from convengine.bench import modelbench  # noqa: E402
 
 
 @pytest.mark.parametrize(("model", "convs", "depthwise"), [("resnet50", 53, 0),

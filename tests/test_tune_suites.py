@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from convengine import suites
+from convengine.bench import suites
 from convengine.errors import ConvSetupError
 
 

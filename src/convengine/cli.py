@@ -1,14 +1,17 @@
 """The ``convengine`` command: bench, tune, cache, warmup, explain, demo.
 
-    convengine bench [--suite resnet50] [--pass fwd,bwd_data,bwd_weight] [--compare torch]
+    convengine bench [--suite resnet50] [--pass forward,backward_data,backward_weight] [--compare torch]
     convengine tune --suite all
     convengine cache show | clear | export FILE | import FILE [--force]
     convengine explain --x 8,64,56,56 --w 64,64,3,3 --padding 1
     convengine warmup [--suite resnet50,mobilenet_v2] [--batch 1,8] [--dtype float32,int8] [--tune]
-    convengine demo [--epochs 8] [--seed 0] [--out DIR]
+    convengine demo [--epochs 5] [--seed 0] [--out DIR] [--tune] [--quiet]
 
-Tables go to stdout, progress bars to stderr (on a terminal, unless ``--quiet``);
-``--json FILE`` writes the results as JSON (``-``: to stdout, instead of the table).
+Passes are named as in the API (``forward``, ``backward_data``, ``backward_weight``);
+the short spellings ``fwd``, ``bwd_data``, ``bwd_weight`` are accepted too. Tables go to
+stdout, progress bars to stderr (on a terminal, unless ``--quiet``); ``--json FILE``
+writes the results as JSON (``-``: to stdout, instead of the table). The layer suites,
+whole-network benchmark and demo (:mod:`convengine.bench`) load inside the subcommand.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _kernel_cache, api, select, suites, threads
+from . import _kernel_cache, api, select, threads
 from ._version import __version__
 from .errors import ConvSetupError
 from .problem import PASSES, ConvProblem, make_problem
@@ -35,10 +38,12 @@ from .tune import bench as tune_bench
 from .tune import keys, transfer, tuner
 from .warmup import warmup
 
+if TYPE_CHECKING:
+    from .bench.suites import Layer
+
 _NUMBER = re.compile(r"^-?[\d.,]+x?$|^-$")
 PASS_ALIASES = {"fwd": "forward", "bwd_data": "backward_data", "bwd_weight": "backward_weight",
                 **{p: p for p in PASSES}}
-SHORT = {"forward": "fwd", "backward_data": "bwd_data", "backward_weight": "bwd_weight"}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -50,7 +55,7 @@ def _passes(text: str) -> list[str]:
         if item.strip() not in PASS_ALIASES:
             raise ConvSetupError(
                 f"--pass: unknown pass {item!r}; expected a comma-separated list of "
-                f"fwd, bwd_data, bwd_weight"
+                f"{', '.join(PASSES)} (or fwd, bwd_data, bwd_weight)"
             )
         out.append(PASS_ALIASES[item.strip()])
     return out
@@ -121,7 +126,18 @@ def _set_threads(n: int) -> None:
     threads.set_num_threads(min(n, limit))
 
 
-def _layers(args: argparse.Namespace) -> list[suites.Layer]:
+def _suite_names(text: str) -> list[str]:
+    from .bench import suites
+
+    return _names(text, [*suites.suite_names(), "all"], "--suite")
+
+
+def _layers(args: argparse.Namespace) -> list[Layer]:
+    from .bench import suites
+
+    if args.suite not in [*suites.suite_names(), "all"]:
+        raise ConvSetupError(f"--suite: unknown suite {args.suite!r}; expected one of "
+                             f"{', '.join(suites.suite_names())}, all")
     layers = suites.suite(args.suite, args.batch)
     if args.layers:
         layers = [la for la in layers if args.layers in la.name]
@@ -199,12 +215,12 @@ def _interleaved(calls: dict[str, Callable[[], Any]], rounds: int,
     return {k: median(v) for k, v in times.items()}
 
 
-def _bench_one(layer: suites.Layer, pass_: str, args: argparse.Namespace,
+def _bench_one(layer: Layer, pass_: str, args: argparse.Namespace,
                suite_name: str) -> dict[str, Any]:
     problem = layer.problem(pass_, layout="NHWC")
     result = tuner.tune_problem(problem, force=args.retune)
     row: dict[str, Any] = {
-        "suite": suite_name, "layer": layer.name, "pass": SHORT[pass_], "count": layer.count,
+        "suite": suite_name, "layer": layer.name, "pass": pass_, "count": layer.count,
         "problem": problem.describe(), "gflop": problem.flops / 1e9, "algo": result.choice,
         "tuning": result.source, "candidates": result.results,
     }
@@ -302,9 +318,9 @@ def _bench_report(rows: list[dict[str, Any]], total: dict[str, float],
 
 
 def _bench_model(args: argparse.Namespace) -> int:
-    """Whole networks (:mod:`convengine.modelbench`): with ``--compare torch`` every mode
-    side by side with PyTorch, else convengine alone (its convs in network order)."""
-    from . import modelbench
+    """Whole networks (:mod:`convengine.bench.modelbench`): with ``--compare torch`` every
+    mode side by side with PyTorch, else convengine alone (its convs in network order)."""
+    from .bench import modelbench
 
     modes = "infer,fused,train,int8,numpy" if args.compare == "torch" else "numpy"
     argv = ["--models", args.model, "--modes", modes, "--rounds", str(args.rounds),
@@ -417,9 +433,11 @@ def _names(text: str, allowed: Sequence[str], option: str) -> list[str]:
 
 
 def cmd_warmup(args: argparse.Namespace) -> int:
+    from .bench import suites
+
     if args.threads is not None:
         _set_threads(args.threads)
-    names = _names(args.suite, [*suites.suite_names(), "all"], "--suite")
+    names = _suite_names(args.suite)
     batches: list[int | None] = list(_ints(args.batch, "--batch")) if args.batch else [None]
     dtypes = _names(args.dtype, WARMUP_DTYPES, "--dtype")
     floats = [d for d in dtypes if d != "int8"]
@@ -429,8 +447,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
                 for la in layers for d in floats for p in passes]
     int8 = [la.problem("forward", layout=args.layout) for la in layers if "int8" in dtypes]
     start = time.perf_counter()
-    done = warmup(problems, int8=int8, tune=args.tune,
-                         progress=False if args.quiet else None)
+    done = warmup(problems, int8=int8, tune=args.tune, progress=False if args.quiet else None)
     total = time.perf_counter() - start
     _emit_json(args.json, {"seconds": total, "calls": [
         {"problem": w.problem.describe(), "kind": w.kind, "seconds": w.seconds} for w in done]})
@@ -475,12 +492,15 @@ def _common(p: argparse.ArgumentParser, json_help: str) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Train, quantize and serve the digits CNN (:mod:`convengine.demo`)."""
+    """Train, quantize and serve the digits CNN (:mod:`convengine.bench.demo`)."""
+    print(f"convengine demo: a small CNN on scikit-learn's digits, {args.epochs} epochs, "
+          "then int8 (progress on stderr)", file=sys.stderr, flush=True)
     try:
-        from . import demo
+        from .bench import demo
 
         result = demo.run(epochs=args.epochs, seed=args.seed, out=args.out,
-                          progress=sys.stderr.isatty())
+                          progress=sys.stderr.isatty() and not args.quiet,
+                          say=None if args.quiet else demo.say, tune=args.tune)
     except ImportError as exc:
         print(f"convengine demo: {exc}; install the extra: pip install 'convengine[demo]'",
               file=sys.stderr)
@@ -489,12 +509,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+_SUITES = "resnet50, mobilenet_v2, unet3d, conv1d, all"  # test_cli checks: bench.suites' names
+_PASS_HELP = ("comma-separated passes: forward, backward_data, backward_weight (or fwd, "
+              "bwd_data, bwd_weight)")
+
+
 def _suite_args(p: argparse.ArgumentParser, default_pass: str, threads: int | None) -> None:
-    p.add_argument("--suite", default="resnet50", choices=[*suites.suite_names(), "all"],
-                   help="layer suite (default resnet50)")
+    p.add_argument("--suite", default="resnet50", help=f"layer suite: {_SUITES} (default resnet50)")
     p.add_argument("--pass", dest="pass_", default=default_pass, metavar="PASSES",
-                   help=f"comma-separated passes: fwd,bwd_data,bwd_weight (default {default_pass})")
-    p.add_argument("--batch", type=int, help="batch size (default: the suite's, see suites.py)")
+                   help=f"{_PASS_HELP} (default {default_pass})")
+    p.add_argument("--batch", type=int,
+                   help="batch size (default: the suite's, see convengine.bench.suites)")
     p.add_argument("--layers", metavar="TEXT", help="only layers whose name contains TEXT")
     p.add_argument("--threads", type=int, default=threads,
                    help="threads of numba and BLAS; part of the tuning key (default "
@@ -510,11 +535,11 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("bench", help="tune and time a layer suite, optionally against PyTorch")
-    _suite_args(p, "fwd", threads=2)
+    _suite_args(p, "forward", threads=2)
     p.add_argument("--compare", choices=["torch"], help="also time PyTorch, interleaved")
     p.add_argument("--model", metavar="NAMES",
                    help="whole networks instead of a layer suite: resnet50 and/or mobilenet_v2, "
-                        "comma-separated (needs the torch extra; see convengine.modelbench)")
+                        "comma-separated (needs the torch extra; see convengine.bench.modelbench)")
     p.add_argument("--rounds", type=int, default=7, help="timed rounds per layer (default 7)")
     p.add_argument("--budget", type=float, default=1.0,
                    help="seconds per layer after which timing stops (>= 3 rounds; default 1)")
@@ -523,7 +548,7 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("tune", help="fill the tuning cache for a layer suite")
-    _suite_args(p, "fwd,bwd_data,bwd_weight", threads=None)
+    _suite_args(p, ",".join(PASSES), threads=None)
     p.add_argument("--layout", default="NCHW", choices=["NCHW", "NHWC"],
                    help="the layout your calls use (part of the tuning key; default NCHW)")
     p.add_argument("--force", action="store_true", help="tune again even if cached")
@@ -544,13 +569,12 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("warmup", help="compile (and with --tune, tune) every kernel of "
                                       "layer suites ahead of time, e.g. in a Docker build")
     p.add_argument("--suite", default="resnet50",
-                   help=f"comma-separated suites: {', '.join(suites.suite_names())}, all "
-                        "(default resnet50)")
+                   help=f"comma-separated suites: {_SUITES} (default resnet50)")
     p.add_argument("--batch", help="comma-separated batch sizes (default: each suite's)")
     p.add_argument("--dtype", default="float32",
                    help=f"comma-separated: {', '.join(WARMUP_DTYPES)} (default float32)")
-    p.add_argument("--pass", "--passes", dest="pass_", default="fwd", metavar="PASSES",
-                   help="comma-separated passes: fwd,bwd_data,bwd_weight (default fwd)")
+    p.add_argument("--pass", "--passes", dest="pass_", default="forward", metavar="PASSES",
+                   help=f"{_PASS_HELP} (default forward)")
     p.add_argument("--layout", default="NCHW", choices=["NCHW", "NHWC"],
                    help="the layout your calls use (default NCHW)")
     p.add_argument("--threads", type=int, help="threads of numba and BLAS, as your calls use")
@@ -568,18 +592,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", default="NCHW", choices=["NCHW", "NHWC"])
     p.add_argument("--dtype", default="float32",
                    choices=["float16", "bfloat16", "float32", "float64"])
-    p.add_argument("--pass", dest="pass_", default="forward",
-                   choices=sorted(PASS_ALIASES), help="default forward")
+    p.add_argument("--pass", dest="pass_", default="forward", choices=sorted(PASS_ALIASES),
+                   metavar="PASS", help="forward, backward_data or backward_weight (or fwd, "
+                                        "bwd_data, bwd_weight; default forward)")
     p.add_argument("--tune", action="store_true", help="tune the problem first")
     _common(p, "the explanation")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("demo", help="train a small CNN on the digits, quantize it to int8, "
                                     "serve it (extra demo)")
-    p.add_argument("--epochs", type=int, default=8, help="training epochs (default 8)")
+    p.add_argument("--epochs", type=int, default=5, help="training epochs (default 5)")
     p.add_argument("--seed", type=int, default=0, help="split, init and batch order (default 0)")
     p.add_argument("--out", default="convengine-demo",
                    help="directory for demo.png and demo.json (default convengine-demo)")
+    p.add_argument("--quiet", action="store_true",
+                   help="only the summary: no progress lines, no bars")
+    p.add_argument("--tune", action="store_true",
+                   help="tune each conv on its first call, as algo='auto' does by default "
+                        "(compiles every candidate; the demo's default: the heuristic picks)")
     p.set_defaults(func=cmd_demo)
     return top
 

@@ -5,8 +5,15 @@ the rest (ReLU, 2x2 max-pool, linear layer, softmax cross-entropy, Adam) is plai
 numpy. The trained model is quantized (per-channel int8 weights, uint8 activations
 calibrated on the training set) and the test set runs through :func:`convengine.qconv`
 with bias, ReLU and requantization fused. Writes ``demo.png`` (loss curve, test digits
-with their float and int8 predictions, time per layer by algorithm) and
-``demo.json`` (the figures) to ``--out``. Needs the ``demo`` extra.
+with their float and int8 predictions, run time per layer by algorithm) and
+``demo.json`` (the figures, the test set's indices into ``load_digits()`` and both
+models' predictions) to ``--out``. Needs the ``demo`` extra.
+
+It says what it does as it goes (``say``, one line each): loading the data, each
+kernel numba compiles (with empty caches most of the first minute), a bar per epoch.
+The first call of each layer's pass at each shape compiles its kernels, or loads them
+from the cache: its time is reported apart ("first call (compile)"), never as the
+layer's run time.
 
 Model, NHWC throughout: x (N, 8, 8, 1) -> conv 3x3 (8) -> ReLU -> conv 3x3 (16) ->
 ReLU -> max-pool 2x2 -> (N, 4, 4, 16) -> linear (10).
@@ -15,15 +22,21 @@ ReLU -> max-pool 2x2 -> (N, 4, 4, 16) -> linear (10).
 from __future__ import annotations
 
 import json
+import sys
+import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numba.core import event
 
-from . import api, quant
+from .. import api, quant
+from ..tune import set_tuning
 
 LAYOUT = "NHWC"
 CONV: dict[str, Any] = {"padding": 1, "layout": LAYOUT}
@@ -33,7 +46,14 @@ BATCH = 32
 
 @dataclass
 class DemoResult:
-    """What one run measured; ``files``: the paths written."""
+    """What one run measured; ``files``: the paths written.
+
+    Per layer, pass and algorithm (``"train: conv1 forward [winograd4]"``):
+    ``layer_seconds`` the run time of the steady calls (every call but the first at
+    each shape), ``layer_calls`` their count, ``first_call_seconds`` the first calls
+    (compiling or loading kernels, tuning). ``compile_seconds``: numba's compilations
+    during the run (``compiled`` kernels); ``seconds``: the whole run.
+    """
 
     epochs: int
     seed: int
@@ -44,6 +64,14 @@ class DemoResult:
     float_seconds: float
     int8_seconds: float
     layer_seconds: dict[str, float] = field(default_factory=dict)
+    layer_calls: dict[str, int] = field(default_factory=dict)
+    first_call_seconds: dict[str, float] = field(default_factory=dict)
+    compile_seconds: float = 0.0
+    compiled: int = 0
+    seconds: float = 0.0
+    test_indices: list[int] = field(default_factory=list)
+    float_predictions: list[int] = field(default_factory=list)
+    int8_predictions: list[int] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
 
     @property
@@ -52,26 +80,82 @@ class DemoResult:
         return self.float_seconds / self.int8_seconds
 
 
-class _Timer:
-    """Seconds per (layer, pass, algorithm), accumulated over calls."""
+def say(text: str) -> None:
+    """One line to stderr, now, above any progress bar."""
+    from tqdm import tqdm
 
-    def __init__(self) -> None:
+    tqdm.write(text, file=sys.stderr)
+
+
+class _CompileWatch(event.Listener):
+    """numba's compilations while installed (outermost per thread): says each one as it
+    starts and adds up their seconds."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say, self.seconds, self.count = say, 0.0, 0
+        self._local = threading.local()
+
+    def on_start(self, ev: Any) -> None:
+        starts = self._local.__dict__.setdefault("starts", [])
+        if not starts:
+            fn = getattr((ev.data or {}).get("dispatcher"), "py_func", None)
+            tag = getattr(fn, "__globals__", {}).get("__kernel_tag__")
+            name = getattr(fn, "__qualname__", "a kernel")
+            self.say(f"  compiling {name}" + (f" ({tag})" if tag else "") + " ...")
+        starts.append(time.perf_counter())
+
+    def on_end(self, ev: Any) -> None:
+        starts = self._local.__dict__.get("starts")
+        if not starts:
+            return
+        elapsed = time.perf_counter() - starts.pop()
+        if not starts:
+            self.seconds += elapsed
+            self.count += 1
+
+    @contextmanager
+    def installed(self) -> Iterator[_CompileWatch]:
+        with event.install_listener("numba:compile", self):
+            yield self
+
+
+class _Timer:
+    """Seconds per (layer, pass, algorithm): the first call at each shape (it compiles
+    or loads the kernels, or tunes) apart from the steady calls."""
+
+    def __init__(self, say: Callable[[str], None] | None = None) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.first: dict[str, float] = defaultdict(float)
         self._algo: dict[tuple, str] = {}
+        self._say = say
+
+    def record(self, key: tuple, name: str, elapsed: float) -> None:
+        """Counts one call of ``name`` (shape ``key``) that took ``elapsed`` seconds."""
+        if key in self._algo:
+            self.seconds[name] += elapsed
+            self.calls[name] += 1
+            return
+        self._algo[key] = name
+        self.first[name] += elapsed
+        if self._say is not None and elapsed > 0.5:
+            self._say(f"  first call of {name}: {elapsed:.1f} s")
 
     def call(self, label: str, pass_: str, fn: Any, *args: Any, **kwargs: Any) -> np.ndarray:
         start = time.perf_counter()
         out = fn(*args, **kwargs)
         elapsed = time.perf_counter() - start
         key = (label, pass_, *(a.shape for a in args[:2]))
-        if key not in self._algo:  # asked after the call, which may have tuned it
-            self._algo[key] = api.explain(*args, pass_=pass_, **kwargs).chosen
-        self.seconds[f"{label} {pass_} [{self._algo[key]}]"] += elapsed
+        name = self._algo.get(key)
+        if name is None:  # asked after the call, which may have tuned it
+            name = f"{label} {pass_} [{api.explain(*args, pass_=pass_, **kwargs).chosen}]"
+        self.record(key, name, elapsed)
         return out
 
 
-def _data(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Digits scaled to [0, 1], NHWC (N, 8, 8, 1); a fixed-seed 80/20 split."""
+def _data(seed: int) -> tuple[np.ndarray, ...]:
+    """Digits scaled to [0, 1], NHWC (N, 8, 8, 1); a fixed-seed 80/20 split: x_train,
+    y_train, x_test, y_test and the test set's indices into ``load_digits()``."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
@@ -79,7 +163,7 @@ def _data(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     y = digits.target.astype(np.int64)
     order = np.random.default_rng(seed).permutation(len(x))
     cut = int(0.8 * len(x))
-    return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
+    return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]], order[cut:]
 
 
 def _init(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -140,7 +224,8 @@ def _loss_and_grads(p: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, time
 
 
 def _train(p: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, epochs: int,
-           rng: np.random.Generator, timer: _Timer, progress: bool) -> list[float]:
+           rng: np.random.Generator, timer: _Timer, progress: bool,
+           say: Callable[[str], None]) -> list[float]:
     """Adam (lr 0.01), batches of 32; the mean loss of each epoch."""
     from tqdm import tqdm
 
@@ -151,9 +236,9 @@ def _train(p: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, epochs: int,
     for epoch in range(epochs):
         order = rng.permutation(len(x))
         batches = range(0, len(x), BATCH)
-        total = 0.0
+        total, start_s = 0.0, time.perf_counter()
         bar = tqdm(batches, desc=f"epoch {epoch + 1}/{epochs}", disable=not progress,
-                   leave=False)
+                   leave=False, file=sys.stderr)
         for start in bar:
             idx = order[start:start + BATCH]
             loss, g = _loss_and_grads(p, x[idx], y[idx], timer)
@@ -167,6 +252,8 @@ def _train(p: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, epochs: int,
                 p[k] -= (lr * mhat / (np.sqrt(vhat) + 1e-8)).astype(np.float32)
             bar.set_postfix(loss=f"{loss:.3f}")
         losses.append(total / len(x))
+        say(f"epoch {epoch + 1}/{epochs}: loss {losses[-1]:.3f} "
+            f"({time.perf_counter() - start_s:.1f} s)")
     return losses
 
 
@@ -198,10 +285,10 @@ def _int8_logits(q: _QuantModel, x: np.ndarray, timer: _Timer) -> np.ndarray:
     a = quant.quantize(x, q.x_scale, 0, np.uint8)
     scale = q.x_scale
     for i, layer in enumerate(q.layers):
-        start = time.perf_counter()
+        start, shape = time.perf_counter(), a.shape
         a = quant.qconv(a, scale, 0, layer["w_q"], layer["w_scale"], 0, layer["bias"],
                         out_scale=layer["out_scale"], out_zero_point=0, relu=True, **CONV)
-        timer.seconds[f"conv{i + 1} int8 [qconv]"] += time.perf_counter() - start
+        timer.record((i, shape), f"conv{i + 1} int8 [qconv]", time.perf_counter() - start)
         scale = layer["out_scale"]
     pooled = quant.dequantize(_pool(a), scale, 0)
     return pooled.reshape(len(x), -1) @ q.w3 + q.b3
@@ -239,7 +326,7 @@ def _figure(path: Path, r: DemoResult, x: np.ndarray, y: np.ndarray, pf: np.ndar
     ax = fig.add_subplot(grid[:, 9:])
     names = sorted(r.layer_seconds, key=r.layer_seconds.__getitem__)
     ax.barh(names, [1e3 * r.layer_seconds[n] for n in names])
-    ax.set(title="time per layer [algorithm]", xlabel="ms, whole run (first calls compile)")
+    ax.set(title="run time per layer [algorithm]", xlabel="ms, whole run (first calls apart)")
     ax.tick_params(axis="y", labelsize=7)
     fig.suptitle(f"convengine demo: float {100 * r.float_accuracy:.1f}%, "
                  f"int8 {100 * r.int8_accuracy:.1f}%, int8 {r.int8_speedup:.2f}x float speed")
@@ -247,46 +334,85 @@ def _figure(path: Path, r: DemoResult, x: np.ndarray, y: np.ndarray, pf: np.ndar
     plt.close(fig)
 
 
-def run(epochs: int = 8, seed: int = 0, out: str | Path = "convengine-demo",
-        progress: bool = True) -> DemoResult:
-    """Train, quantize and evaluate; write ``demo.png`` and ``demo.json`` under ``out``."""
+def run(epochs: int = 5, seed: int = 0, out: str | Path = "convengine-demo",
+        progress: bool = True, say: Callable[[str], None] | None = say,
+        tune: bool = False) -> DemoResult:
+    """Train, quantize and evaluate; write ``demo.png`` and ``demo.json`` under ``out``.
+    ``progress``: a bar per epoch; ``say``: where the lines saying what it does go
+    (None: nowhere); ``tune``: tune each conv on its first call (compiles every
+    candidate algorithm; default: tuning off, the heuristic picks)."""
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be an int >= 1, got {epochs!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {seed!r}")
-    out = Path(out)
+    tell = say or (lambda text: None)
+    if tune:  # as the process is set: the default tunes
+        return _run(epochs, seed, Path(out), progress, tell, tune)
+    previous = set_tuning("off")
+    try:
+        return _run(epochs, seed, Path(out), progress, tell, tune)
+    finally:
+        set_tuning(previous)
+
+
+def _run(epochs: int, seed: int, out: Path, progress: bool, tell: Callable[[str], None],
+         tune: bool) -> DemoResult:
+    begin = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    x_train, y_train, x_test, y_test = _data(seed)
-    timer = _Timer()
-    params = _init(rng)
-    losses = _train(params, x_train, y_train, epochs, rng, timer, progress)
-    train_seconds = dict(timer.seconds)
+    tell("loading scikit-learn's digits ...")
+    x_train, y_train, x_test, y_test, test_indices = _data(seed)
+    watch = _CompileWatch(tell)
+    with watch.installed():
+        tell(f"training on {len(x_train)} digits, {epochs} epochs; the first batch compiles "
+             "the kernels of each conv pass (or loads them from the cache), "
+             + ("tuning each: every candidate algorithm is compiled and timed" if tune else
+                "the heuristic picks the algorithms (--tune: time every candidate)"))
+        timer = _Timer(tell)
+        params = _init(rng)
+        losses = _train(params, x_train, y_train, epochs, rng, timer, progress, tell)
+        train = timer
 
-    timer = _Timer()
-    float_logits, _ = _forward(params, x_test, timer)
-    q = _quantize(params, x_train, _Timer())
-    int8_logits = _int8_logits(q, x_test, timer)
-    float_seconds, int8_seconds = _best_of([lambda: _forward(params, x_test, _Timer()),
-                                            lambda: _int8_logits(q, x_test, _Timer())])
+        tell(f"testing on {len(x_test)} digits; quantizing to int8 (calibrated on the "
+             "training set); the int8 kernels compile on their first call")
+        timer = _Timer(tell)
+        float_logits, _ = _forward(params, x_test, timer)
+        q = _quantize(params, x_train, _Timer())
+        int8_logits = _int8_logits(q, x_test, timer)
+        tell("timing the test set's forward, float32 against int8 (best of 9) ...")
+        float_seconds, int8_seconds = _best_of([lambda: _forward(params, x_test, timer),
+                                                lambda: _int8_logits(q, x_test, timer)])
     pf, pq = float_logits.argmax(axis=1), int8_logits.argmax(axis=1)
     result = DemoResult(
         epochs=epochs, seed=seed, trainer="numpy (Adam), every conv pass through convengine",
         losses=losses, float_accuracy=float((pf == y_test).mean()),
         int8_accuracy=float((pq == y_test).mean()),
         float_seconds=float_seconds, int8_seconds=int8_seconds,
-        layer_seconds={**{f"train: {k}": v for k, v in train_seconds.items()},
-                       **{f"test: {k}": v for k, v in timer.seconds.items()}},
+        layer_seconds={f"{phase}: {k}": v for phase, t in (("train", train), ("test", timer))
+                       for k, v in t.seconds.items()},
+        layer_calls={f"{phase}: {k}": v for phase, t in (("train", train), ("test", timer))
+                     for k, v in t.calls.items()},
+        first_call_seconds={f"{phase}: {k}": v for phase, t in (("train", train),
+                                                                ("test", timer))
+                            for k, v in t.first.items()},
+        compile_seconds=watch.seconds, compiled=watch.count,
+        test_indices=test_indices.tolist(), float_predictions=pf.tolist(),
+        int8_predictions=pq.tolist(),
     )
+    tell(f"writing {out / 'demo.png'} ...")
     png, js = out / "demo.png", out / "demo.json"
     _figure(png, result, x_test, y_test, pf, pq)
     result.files = [str(png), str(js)]
-    js.write_text(json.dumps({**asdict(result), "int8_speedup": result.int8_speedup}, indent=2))
+    result.seconds = time.perf_counter() - begin
+    js.write_text(json.dumps({**asdict(result), "int8_speedup": result.int8_speedup}, indent=1))
     return result
 
 
 def summary(r: DemoResult) -> str:
     """The lines ``convengine demo`` prints."""
+    rows = [(k, r.layer_calls.get(k, 0), r.layer_seconds.get(k, 0.0), first)
+            for k, first in r.first_call_seconds.items()]
+    first_total = sum(r.first_call_seconds.values())
     return "\n".join([
         f"trained {r.epochs} epochs (seed {r.seed}) with {r.trainer}",
         f"loss per epoch: {', '.join(f'{v:.3f}' for v in r.losses)}",
@@ -294,7 +420,12 @@ def summary(r: DemoResult) -> str:
         f"int8 (qconv, bias+ReLU+requantize fused) {100 * r.int8_accuracy:.1f}%",
         f"test set forward: float32 {1e3 * r.float_seconds:.1f} ms, int8 "
         f"{1e3 * r.int8_seconds:.1f} ms (int8 / float speed {r.int8_speedup:.2f}x)",
-        "time per layer [algorithm]:",
-        *(f"  {k:<48} {1e3 * v:9.1f} ms" for k, v in r.layer_seconds.items()),
+        "time per layer [algorithm]: run time of the steady calls; first calls (compile) apart",
+        f"  {'layer, pass [algorithm]':<44} {'calls':>6} {'run ms':>9} {'ms/call':>8} "
+        f"{'first call (compile) ms':>24}",
+        *(f"  {k:<44} {n:6d} {1e3 * s:9.1f} {1e3 * s / max(n, 1):8.3f} {1e3 * f:24.1f}"
+          for k, n, s, f in rows),
+        f"spent {r.compile_seconds:.1f} s compiling {r.compiled} kernels (numba), in "
+        f"first calls that took {first_total:.1f} s together, of the {r.seconds:.1f} s run",
         f"wrote {', '.join(r.files)}",
     ])

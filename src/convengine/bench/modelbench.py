@@ -33,7 +33,7 @@ Modes (``--modes``):
     python bench/bench_models.py --models resnet50,mobilenet_v2 --batch 1,8 \\
         --formats cl,nchw --modes infer,fused,train,int8,numpy --json out.json
 
-Needs the ``torch`` extra (the architectures are :mod:`convengine.models`).
+Needs the ``torch`` extra (the architectures are :mod:`convengine.bench.models`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from typing import Any
 
 
 def _models() -> Any:
-    """:mod:`convengine.models`, loaded by path: a worker runs this file as a script,
+    """:mod:`convengine.bench.models`, loaded by path: a worker runs this file as a script,
     so that the PyTorch side never imports convengine."""
     import importlib.util
 

@@ -3,7 +3,7 @@
 The torchvision wheel does not load with the CPU torch here, so the two architectures
 are copied (same modules, same order, same state_dict keys as torchvision 0.2x):
 
-    from convengine.models import resnet50, mobilenet_v2   # needs the torch extra
+    from convengine.bench.models import resnet50, mobilenet_v2   # needs the torch extra
     net = resnet50().eval()          # input (N, 3, 224, 224) -> logits (N, 1000)
 
 ``width`` scales every channel count (``width=1/8`` builds a tiny net for tests);

@@ -22,8 +22,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConvSetupError
-from .problem import ConvProblem, make_problem
+from ..errors import ConvSetupError
+from ..problem import ConvProblem, make_problem
 
 
 @dataclass(frozen=True)
