@@ -69,6 +69,35 @@ def test_bad_arguments_exit_2_with_a_message(capsys):
         cli.main(["cache", "export"])
 
 
+def test_passes_are_named_as_in_the_api_and_the_short_names_still_work(capsys):
+    short = ("tune", "--suite", "conv1d", "--layers", "conformer.pw2", "--quiet")
+    by_api = run_json(capsys, *short, "--pass", "forward,backward_data,backward_weight")
+    by_alias = run_json(capsys, *short, "--pass", "fwd,bwd_data,bwd_weight")
+    assert [e["problem"].split()[0] for e in by_api["entries"]] == [
+        "forward", "backward_data", "backward_weight"]
+    assert [e["key"] for e in by_alias["entries"]] == [e["key"] for e in by_api["entries"]]
+    assert [e["source"] for e in by_alias["entries"]] == ["cache"] * 3  # the same problems
+    doc = run_json(capsys, "explain", "--x", "1,4,6,6", "--w", "4,4,3,3", "--pass",
+                   "backward_data")
+    assert doc["problem"].startswith("backward_data 2-D")
+    code, _, err = run(capsys, "tune", *short[1:], "--pass", "forward,bwd")
+    assert code == 2 and "'bwd'" in err and "forward, backward_data, backward_weight" in err
+    for command in ("bench", "tune", "warmup"):  # help and defaults speak the API's names
+        text = cli.parser()._subparsers._group_actions[0].choices[command].format_help()
+        assert "forward, backward_data, backward_weight" in " ".join(text.split())
+        assert "fwd" not in cli.parser().parse_args([command]).pass_
+
+
+def test_suites_load_with_the_subcommand_and_the_help_names_them_all(capsys):
+    from convengine.bench import suites
+
+    assert cli._SUITES.split(", ") == [*suites.suite_names(), "all"]
+    code, _, err = run(capsys, "bench", "--suite", "vgg")
+    assert code == 2 and "--suite: unknown suite 'vgg'" in err
+    code, _, err = run(capsys, "warmup", "--suite", "resnet50,vgg")
+    assert code == 2 and "--suite: unknown value 'vgg'" in err
+
+
 def test_tune_fills_the_cache_and_show_lists_it(capsys):
     argv = ("tune", "--suite", "conv1d", "--layers", "conformer.pw2", "--pass", "fwd,bwd_data")
     doc = run_json(capsys, *argv, "--quiet")
@@ -100,9 +129,9 @@ def test_bench_reports_every_layer(capsys):
 def test_bench_compares_with_torch(capsys):
     pytest.importorskip("torch")
     doc = run_json(capsys, "bench", "--suite", "mobilenet_v2", "--layers", "s5.dw_first",
-                   "--batch", "1", "--pass", "fwd,bwd_data,bwd_weight", "--rounds", "3",
+                   "--batch", "1", "--pass", "forward,bwd_data,backward_weight", "--rounds", "3",
                    "--compare", "torch", "--quiet")
-    assert [r["pass"] for r in doc["rows"]] == ["fwd", "bwd_data", "bwd_weight"]
+    assert [r["pass"] for r in doc["rows"]] == ["forward", "backward_data", "backward_weight"]
     for r in doc["rows"]:
         assert set(r["torch_medians_s"]) == {"NCHW", "channels_last"}
         assert r["torch_median_s"] == min(r["torch_medians_s"].values())
