@@ -19,7 +19,7 @@ import pytest
 import convengine as ce
 from convengine import _compile_log
 from convengine import _kernel_cache as kc
-from convengine.suites import suite
+from convengine.bench.suites import suite
 
 HOME = "convengine._kernel_cache"  # any importable module will do as the kernels' home
 

@@ -18,7 +18,7 @@ CL = torch.channels_last
 
 
 def _bench_models():
-    from convengine import models
+    from convengine.bench import models
 
     return models
 

@@ -37,7 +37,7 @@ class Warmed(NamedTuple):
 
 def _dtype(name: str) -> Any:
     if name == "bfloat16":
-        import ml_dtypes  # the API needs it for bfloat16 too
+        import ml_dtypes  # loaded on the bfloat16 path only (~0.6 s to import)
 
         return ml_dtypes.bfloat16
     return np.dtype(name)
