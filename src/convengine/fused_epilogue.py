@@ -11,12 +11,14 @@ over memory; this is one, on convengine's threads. NaN propagates as in PyTorch
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from ._kernel_cache import kernel
 
 ACTIVATIONS = ("none", "relu", "relu6", "silu")
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@kernel(parallel=True, nogil=True)
 def _epilogue(y, bias, residual, has_residual, act):  # pragma: no cover - compiled
     rows, cols = y.shape
     for r in prange(rows):

@@ -29,9 +29,9 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from .._kernel_cache import Source, load
+from .._kernel_cache import Source, kernel, load
 from ..problem import ConvProblem
 from ..threads import get_num_threads
 from .depthwise import (
@@ -48,7 +48,7 @@ from .depthwise import (
 SERIAL_MACS = 2_000_000
 
 
-@njit(nogil=True, cache=True)
+@kernel(nogil=True)
 def _reaching(size, out_size, taps, stride, pad, dilation):
     """For each of ``size`` dx coordinates, the taps that reach it along one axis:
     ``count[p]`` of them, tap ``index[p, k]`` reading dy coordinate ``source[p, k]``."""
@@ -65,7 +65,7 @@ def _reaching(size, out_size, taps, stride, pad, dilation):
     return count, index, source
 
 
-@njit(cache=True, **NOALIAS)
+@kernel(**NOALIAS)
 def _task(dy, wk, dx, r0, r1, rows, cols):  # noqa: PLR0913
     """dx (N,H,W,C) rows r0:r1 (over n and ih), all channels, from dy (N,OH,OW,C) and
     wk (KH,KW,C); rows and cols the ``_reaching`` lists of each axis."""

@@ -18,9 +18,9 @@ import math
 import threading
 
 import numpy as np
-from numba import njit
 
 from .. import memory
+from .._kernel_cache import kernel
 from ..problem import ConvProblem
 from ..registry import register
 from ..threads import matmul
@@ -57,7 +57,7 @@ def _workspace(problem: ConvProblem) -> int:
     return columns + item * (rows * problem.out_per_group + extra)
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _fill_columns(x, cols, n0, r0, c0, s0, s1, s2, p0, p1, p2, d0, d1, d2):  # noqa: PLR0913
     """cols[b, r, u, v, i, j, k, c] = x[n0 + b, z, y, w, c0 + c] at the input point that
     kernel tap (i, j, k) of output (r0 + r, u, v) reads, 0 in the padding.

@@ -14,9 +14,9 @@ import threading
 from collections import OrderedDict
 
 import numpy as np
-from numba import njit
 
-from ._finite import nonfinite
+from .._kernel_cache import kernel
+from ..finite import nonfinite
 
 _local = threading.local()  # .transient: the calling thread's weights change each call
 
@@ -43,7 +43,7 @@ def is_transient() -> bool:
     return bool(getattr(_local, "transient", False))
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _same_words(a, b, head):
     """Whether two equally long 1-D unsigned-integer arrays are equal: the first
     ``head`` words compared first (arrays that differ early cost no full pass), then

@@ -39,6 +39,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .._host import FEATURES
+from .._kernel_cache import kernel
 from ._ir import (
     LANES,
     VB,
@@ -406,7 +407,7 @@ dw_row_requant = _make_row_kernel(True)
 dw_row_acc = _make_row_kernel(False)
 
 
-@njit(cache=True)
+@kernel()
 def _padded16(values, c16):
     """``values`` zero-padded to length c16 (plain loop: no parallel region)."""
     res = np.zeros(c16, values.dtype)
@@ -497,7 +498,7 @@ def _schedule(x, wterm, geo, mult, bias_f, bias_i, mode, nchunks):
     return mult16, bias16, biasi16, next_row, grab, batch
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True)
 def conv_depthwise_vnni(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, nchunks, mode, mult,
                         bias_f, bias_i, zp, lo, hi, out):
     """Depthwise conv by ``vpdpbusd`` (module doc): ``wq``, ``wterm``, ``wzp`` and
@@ -511,7 +512,7 @@ def conv_depthwise_vnni(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, nchunks, mod
                 lo, hi, out, mult16, bias16, biasi16, next_row, grab, batch)
 
 
-@njit(cache=True)
+@kernel()
 def conv_depthwise_vnni_serial(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult,
                                bias_f, bias_i, zp, lo, hi, out):
     """:func:`conv_depthwise_vnni` on the calling thread, without a parallel region
@@ -578,7 +579,7 @@ def _depthwise_rows(row0, nrows, xflat, x_shape, flip, xzp, wq, wterm, wzp, has_
                                            bias_i, zp, lo, hi)
 
 
-@njit(parallel=True, fastmath={"contract"}, cache=True)
+@kernel(parallel=True, fastmath={"contract"})
 def conv_depthwise(x, xzp, wf, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out):
     """Depthwise (groups == C == O) on uint8 x (int8 shifted by the caller):
     wf (taps, C) float32 ``w - wzp``. One output row

@@ -30,6 +30,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .._kernel_cache import kernel
 from ._avx2 import _requant, store_bytes
 from .cpu import HAS_AVX2
 from .depthwise import _row_source
@@ -280,7 +281,7 @@ def _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, z
                         kw_n, wflat, chans, wterm, bias_i, mult, flo, fhi, fzp, 1, 0)
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True)
 def conv_depthwise_avx2(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi,
                         out, parts):
     """Depthwise (groups == C == O) on uint8 x ``(N, D, H, W, C)``: ``wf (taps, C)``
@@ -296,7 +297,7 @@ def conv_depthwise_avx2(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, 
               part * total // parts, (part + 1) * total // parts)
 
 
-@njit(cache=True)
+@kernel()
 def conv_depthwise_avx2_serial(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo,
                                hi, out):
     """:func:`conv_depthwise_avx2` on the calling thread (no parallel region: for small

@@ -38,6 +38,7 @@ import functools
 import numpy as np
 from numba import njit, prange
 
+from .._kernel_cache import kernel
 from ._amx import amx_32x32, amx_begin, amx_end
 from ._avx2 import MR as AVX2_MR
 from ._avx2 import NR as AVX2_NR
@@ -117,7 +118,7 @@ def residual_rows(out, m0, m1, c0, c1, res, kind, params):
                 out[i, j] = qadd_value(res[i, j], out[i, j], ra, rb, fixed, lo, hi)
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True)
 def add_residual(out, res, kind, params):
     """:func:`residual_rows` over all of ``out``, for kernels without the fused pass."""
     m_total = out.shape[0]
@@ -289,7 +290,7 @@ def work_split(m_total: int, lda: int, og: int, threads: int) -> tuple[int, int]
     return (by_cols, threads) if cols_cost <= 0.95 * rows_cost else (by_rows, 1)
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True)
 def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, prows,
               parts, mode, mult, bias_f, bias_i, zp, lo, hi, out, res, res_kind, res_params):
     """out[m, o] = epilogue(sum_k (a[m, k] - xzp)(w[o, k] - wzp[o])) via vpdpbusd.
@@ -424,7 +425,7 @@ def _tiles_requant(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep, out, ld
                                      qmin, qmax, zp)
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True)
 def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias, zp, lo, hi, out,
                    res, res_kind, res_params):
     """:func:`conv_vnni` without im2col (implicit GEMM) for ungrouped dilation-1 2-D
@@ -504,7 +505,7 @@ def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias, zp, lo
                           res_kind, res_params)
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True)
 def conv_amx(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, prows, cfg,
              mode, mult, bias_f, bias_i, zp, lo, hi, out):
     """As :func:`conv_vnni` with AMX tiles: 32 x 32 blocks by ``tdpbusd``.
@@ -560,7 +561,7 @@ def conv_amx(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, 
         amx_end()
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True)
 def conv_avx2(x, flip, xzp, wp, geo, groups, kc, kc2, nb, prows, direct, zeros, mode,
               mult, bias_f, bias_i, zp, lo, hi, out, res, res_kind, res_params):
     """Any grouped conv on AVX2: panels of ``prows`` rows gathered
@@ -631,7 +632,7 @@ SAMPLE_BYTES = 1 << 18
 SAMPLE_WINDOW = 4096
 
 
-@njit(cache=True)
+@kernel()
 def few_heavy_pairs(x, share):
     """Whether at most one in ``share`` of the byte pairs ``x[2i], x[2i + 1]`` of the
     contiguous uint8 array ``x`` adds up to 257 or more (the pairs that can saturate
@@ -674,7 +675,7 @@ def u8s8_share(out_channels: int, fixes_per_pair: float) -> int:
     return max(1, int(np.ceil(1 / allowed)))
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True)
 def conv_avx2_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb, prows,
                    in_place, mode, mult, bias_f, bias_i, zp, lo, hi, out, res, res_kind,
                    res_params):
@@ -700,7 +701,7 @@ def conv_avx2_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, 
                           res_kind, res_params)
 
 
-@njit(cache=True)
+@kernel()
 def _panel_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb, m0, prows,
                 in_place, mode, mult, bias_f, bias_i, zp, lo, hi, out):
     """Rows ``m0:m0 + prows`` of :func:`conv_avx2_u8s8`. A function of its own, called
@@ -739,7 +740,7 @@ def _panel_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb,
                                           init_at, init_ld)
 
 
-@njit(cache=True)
+@kernel()
 def _saturated_pairs(a, a0, lda, kc, rows, fix_ptr, fix_col, fix_w):
     """The pairs of ``rows`` rows of bytes ``a[a0 + r * lda:][:kc]`` that saturate
     ``vpmaddubsw`` against the weights of ``fix_ptr``/``fix_col``/``fix_w``: row r's
@@ -774,7 +775,7 @@ def _panel_has_heavy_pair(a, a0, n):
     return False
 
 
-@njit(cache=True)
+@kernel()
 def _find_saturated(a, a0, lda, kc, rows, fix_ptr, fix_col, fix_w, first, fix_o, fix_d):
     """:func:`_saturated_pairs` into ``first``, ``fix_o``, ``fix_d``; returns how many
     it found (those past the arrays' room counted, not stored). Only pairs whose bytes
@@ -829,7 +830,7 @@ def _start_tile(start, col_term, o0, r0, mr, first, fix_o, fix_d):
     return found
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True)
 def conv_portable(x, flip, xzp, wd, geo, groups, mode, mult, bias_f, bias_i,
                   zp, lo, hi, out):
     """Any grouped conv: int16 differences ``wd (O, Kc) = w - wzp``, int32 dot products."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from .._kernel_cache import kernel
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True)
 def _copy_rows(src, dst):
     """dst[n, h, w, c] = src[n, h, w, c], one (n, h) row per iteration, w innermost."""
     n_rows, height, width, chans = src.shape

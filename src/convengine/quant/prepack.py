@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
+from .._kernel_cache import kernel
 from . import depthwise
 from ._avx2 import NR as AVX2_NR
 from ._vnni import NR
@@ -125,7 +125,7 @@ def _panels(mat: np.ndarray, groups: int, nr: int, k_steps: int, k_group: int
     return np.ascontiguousarray(data).ravel(), nb
 
 
-@njit(cache=True)
+@kernel()
 def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two equally long uint8 vectors are equal (a vectorised OR of XORs)."""
     diff = np.uint8(0)
