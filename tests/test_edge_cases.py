@@ -32,13 +32,13 @@ def test_weird_shapes_every_algorithm(name):
     expected = reference("forward", x, w, **kw)
     dy = rng.standard_normal(expected.shape).astype(np.float32)
     served = 0
-    for algo in ce.algorithms("forward"):
+    for algo in ce.list_algorithms("forward"):
         if ce.explain(x, w, **kw).refused.get(algo):
             continue
         assert_close(ce.conv(x, w, **kw, algo=algo), expected, "float32", algo)
         served += 1
     expected_dw = reference("backward_weight", x, dy, w.shape, **kw)
-    for algo in ce.algorithms("backward_weight"):
+    for algo in ce.list_algorithms("backward_weight"):
         if not ce.explain(x, dy, w.shape, pass_="backward_weight", **kw).refused.get(algo):
             assert_close(ce.conv_backward_weight(x, dy, w.shape, **kw, algo=algo), expected_dw,
                          "float32", algo)
@@ -61,7 +61,7 @@ def test_zero_batch_gives_empty_results_of_the_right_shape(layout):
     }
     for pass_, (call, shape, args) in calls.items():
         refused = ce.explain(*args, pass_=pass_, **kw).refused
-        for algo in ["auto", *ce.algorithms(pass_)]:
+        for algo in ["auto", *ce.list_algorithms(pass_)]:
             if algo not in refused:
                 out = call(algo)
                 assert out.shape == shape and out.dtype == np.float32 and not out.any()
@@ -75,7 +75,7 @@ def test_nan_and_inf_propagate_as_ieee_says(special):
     x[0, 1, 3, 3] = special
     expected = reference("forward", x, w, padding=1)
     assert np.isnan(expected).any() or np.isinf(expected).any()
-    for algo in ce.algorithms("forward"):
+    for algo in ce.list_algorithms("forward"):
         if not ce.explain(x, w, padding=1).refused.get(algo):
             assert_close(ce.conv(x, w, padding=1, algo=algo), expected, "float32", algo)
 
@@ -87,7 +87,7 @@ def test_non_contiguous_and_negatively_strided_inputs():
     w = rng.standard_normal((6, 1, 3, 3, 2))[..., 0]  # non-contiguous weight
     assert not x.flags.c_contiguous and not w.flags.c_contiguous
     expected = reference("forward", np.ascontiguousarray(x), np.ascontiguousarray(w), groups=3, padding=1)
-    for algo in ce.algorithms("forward"):
+    for algo in ce.list_algorithms("forward"):
         if not ce.explain(x, w, groups=3, padding=1).refused.get(algo):
             assert_close(ce.conv(x, w, groups=3, padding=1, algo=algo), expected, "float64", algo)
 
@@ -122,7 +122,7 @@ def test_channels_last_input_reaches_the_kernel_without_a_copy():
         assert seen["x"].flags.c_contiguous and seen["x"].shape == x.shape
     finally:
         registry.unregister("spy", "forward")
-    assert "spy" not in ce.algorithms("forward")
+    assert "spy" not in ce.list_algorithms("forward")
 
 
 def test_im2col_workspace_stays_within_its_stated_bound_whatever_the_batch(monkeypatch):
@@ -151,7 +151,7 @@ def test_im2col_workspace_stays_within_its_stated_bound_whatever_the_batch(monke
 def test_explain_lists_every_algorithm_with_a_verdict_and_workspace():
     x, w = np.zeros((1, 4, 8, 8), np.float32), np.zeros((4, 2, 3, 3), np.float32)
     e = ce.explain(x, w, groups=2, padding=1)
-    assert set(e.supported) | set(e.refused) == set(ce.algorithms("forward"))
+    assert set(e.supported) | set(e.refused) == set(ce.list_algorithms("forward"))
     assert "implicit_gemm" in e.refused and "groups=2" in e.refused["implicit_gemm"]
     assert e.chosen in e.supported and "CHOSEN" in str(e)
     dy = np.zeros((1, 4, 4, 4), np.float32)

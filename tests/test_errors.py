@@ -109,7 +109,7 @@ def test_unknown_algo_layout_and_pass():
     with err(r"unknown layout 'NWHC'; expected one of \('NCHW', 'NHWC'\)"):
         ce.conv(X, W, layout="NWHC")
     with err(r"unknown pass 'sideways'"):
-        ce.algorithms("sideways")
+        ce.list_algorithms("sideways")
     with err(r"unknown pass_ 'sideways'"):
         ce.explain(X, W, pass_="sideways")
 

@@ -170,9 +170,9 @@ def test_qconv_bit_exact_with_cpu(xdt: type, wdt: type, groups: int, algo: str, 
 
 
 def test_gpu_algorithms_listed_and_explained() -> None:
-    assert ce.algorithms("backward_weight", device="cuda") == [GEMM, DIRECT]
+    assert ce.list_algorithms("backward_weight", device="cuda") == [GEMM, DIRECT]
     with pytest.raises(ce.ConvSetupError, match="device"):
-        ce.algorithms("forward", device="tpu")
+        ce.list_algorithms("forward", device="tpu")
     e = dispatch.explain("forward", _t((1, 4, 5, 5)), _t((4, 1, 3, 3)), groups=4)
     assert e.chosen == DIRECT and GEMM in e.refused and "groups" in e.refused[GEMM]
     # backward-weight splits the positions in two under the interpreter: 2 float32 dw
@@ -264,7 +264,7 @@ def test_autotune_configurations_are_legal_and_pruned_to_shared_memory() -> None
 
 
 def test_graph_plan_runs_on_the_gpu_algorithms() -> None:
-    from convengine.gpu import graph as gpu_graph
+    from convengine.graph import gpu as gpu_graph
 
     g = ce.Graph(io_dtype="float32")
     x = g.tensor("x", (2, 8, 6, 6))
@@ -311,7 +311,7 @@ def test_tuned_launches_record_then_reuse_the_choice(tmp_path, monkeypatch) -> N
     first call autotunes and records, the next launches the recorded configuration."""
     import triton
 
-    from convengine import api
+    from convengine import builders
     from convengine.gpu import kernels
     from convengine.gpu.algorithms import ALGORITHMS
 
@@ -336,7 +336,7 @@ def test_tuned_launches_record_then_reuse_the_choice(tmp_path, monkeypatch) -> N
     monkeypatch.setattr(tuning, "INTERPRET", False)  # take the tuned path
     monkeypatch.setattr(tuning, "_RECORDED", set())
     x, w = _t((1, 16, 5, 5)), _t((16, 16, 3, 3))
-    problem = api.forward_problem(dispatch.meta(x), dispatch.meta(w), padding=1)
+    problem = builders.forward_problem(dispatch.meta(x), dispatch.meta(w), padding=1)
     want = ce.conv(_f64(x), _f64(w), padding=1, algo="reference")
     for _ in range(2):
         y = ALGORITHMS["forward"][GEMM].run(problem, dispatch.canonical(x, "NCHW"),

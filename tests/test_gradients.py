@@ -25,7 +25,7 @@ def test_adjoint_identity_every_algorithm(name):
     y = ce.conv(x, w, **kw, algo="reference")
     dy = rng.standard_normal(y.shape)
     checked = 0
-    for algo in ce.algorithms("forward"):
+    for algo in ce.list_algorithms("forward"):
         try:
             y = ce.conv(x, w, **kw, algo=algo)
             dx = ce.conv_backward_data(dy, w, x.shape, **kw, algo=algo)

@@ -11,7 +11,6 @@ from convengine.graph import Candidate, Graph, PlanCache, recipes
 from convengine.graph import engines as eng
 from convengine.graph.plan import engine_order
 from convengine.graph.program import Program
-from convengine.graph.qnum import kernel_epilogue_refusal
 from oracle import reference
 
 rng = np.random.default_rng(7)
@@ -64,15 +63,13 @@ def test_int8_engines_bit_exact(case, monkeypatch):
     monkeypatch.setattr(eng, "MIN_TILE_PIXELS", 1)
     for engine in (eng.KERNEL_FUSED, *eng.ENGINES):
         built = eng.build(Candidate(engine, eng.INT_ALGO), prog, True, False)
-        if engine == eng.KERNEL_FUSED and kernel_epilogue_refusal() is not None:
-            continue  # test_kernel_epilogue_is_available reports it
         assert not isinstance(built, str), built
         got = built.run(bind)["requant.out"]
         assert got.dtype == np.int8 and got.shape == expect.shape
         mismatch = np.flatnonzero(got != expect)
         assert mismatch.size == 0, f"{engine}: {mismatch.size} values differ"
     plan = g.build(cache=PlanCache())
-    usable = [e for e in engine_order(prog) if e != eng.KERNEL_FUSED or not kernel_epilogue_refusal()]
+    usable = engine_order(prog)
     assert plan.engine_name == f"{usable[0]}[int8_exact]"
     np.testing.assert_array_equal(plan.execute(bind)[t["y"]], expect)
     np.testing.assert_array_equal(
@@ -111,7 +108,3 @@ def test_other_int8_chains_fall_back_to_tiles():
     np.testing.assert_array_equal(plan.execute({X: x, W: w})[y], expect.astype(np.int8))
 
 
-def test_kernel_epilogue_is_available():
-    """kernel_fused calls a private entry of convengine.quant; this flags any change
-    (the engine then refuses and the tiled engines serve int8 graphs)."""
-    assert kernel_epilogue_refusal() is None

@@ -79,7 +79,7 @@ def _every_algorithm_serves_or_refuses(pass_: str, call, a, b, extra, expected, 
     """Every registered algorithm either refuses (ConvSetupError naming the limit or its
     rule) or returns ``expected`` (float64 reference); auto returns it too."""
     served = []
-    for name in ce.algorithms(pass_):
+    for name in ce.list_algorithms(pass_):
         try:
             got = call(a, b, *extra, algo=name, **kwargs)
         except ce.ConvSetupError:

@@ -14,7 +14,7 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import convengine as ce  # noqa: E402
 import convengine.onnx as ceo  # noqa: E402
-from convengine import api, select  # noqa: E402
+from convengine import builders, select  # noqa: E402
 from convengine.onnx.convstep import ConvStep  # noqa: E402
 
 RNG = np.random.default_rng(3)
@@ -76,7 +76,7 @@ SHAPES = {"blocked": (1, 16, 32, 8, 1), "blocked-o24": (1, 24, 24, 8, 1),
 def test_conv_step_matches_onnx_reference(algo, residual, tail):
     n, c, o, size, k = SHAPES[algo]
     w, b = f32(o, c, k, k) * 0.3, f32(o)
-    problem = api.forward_problem(np.zeros((n, size, size, c), np.float32),
+    problem = builders.forward_problem(np.zeros((n, size, size, c), np.float32),
                                   np.moveaxis(w, 1, -1), layout="NHWC", padding=k // 2)
     assert select.heuristic(problem).name == algo.split("-")[0]  # what ConvStep runs
     r_shape = {"none": None, "same": (n, o, size, size), "broadcast": (o, 1, 1)}[residual]

@@ -191,5 +191,5 @@ def test_streamed_outputs_match_reference(x_shape, w_shape, kw, panel_by_panel, 
     assert_close(got, _epilogue_reference(conv, bias, residual, "relu6"), "float32",
                  "streamed epilogue")
     o, line = w_shape[0], 64 // 4
-    panel = blocked.VEC * blocked._nvec(o)
+    panel = blocked.VEC * blocked.panel_vectors(o)
     assert chosen == [o % line == 0 and (panel % line == 0 or not panel_by_panel)]

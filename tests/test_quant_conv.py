@@ -500,8 +500,8 @@ def test_forced_portable_path(force_int8_path):
     cpu.set_int8_path("portable")
     try:
         assert cpu.int8_path() == "portable"
-        assert convengine.quant.api.choose_algo(
-            convengine.quant.api.make_problem("forward", (1, 4, 5, 5), (4, 4, 3, 3),
+        assert convengine.quant.plan.choose_algo(
+            convengine.quant.plan.make_problem("forward", (1, 4, 5, 5), (4, 4, 3, 3),
                                               dtype="uint8"), "auto") == "portable"
     finally:
         cpu.set_int8_path("auto")

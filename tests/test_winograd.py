@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import convengine as ce
-from convengine.algorithms import _fma, weight_cache, winograd
+from convengine.algorithms import fma, weight_cache, winograd
 from convengine.registry import get
 
 
@@ -227,14 +227,14 @@ def test_micro_kernel_against_float64_matmul(dtype, kc, add) -> None:
 
     @njit
     def call(a, b, c, kc, mr, add):
-        _fma.gemm_6xnr(a, 2, a.shape[1], b, 0, kc, mr, c, c.shape[1], c.shape[1], add)
+        fma.gemm_6xnr(a, 2, a.shape[1], b, 0, kc, mr, c, c.shape[1], c.shape[1], add)
 
-    width = _fma.nr(np.dtype(dtype).itemsize)
+    width = fma.nr(np.dtype(dtype).itemsize)
     rng = np.random.default_rng(kc)
-    a = rng.standard_normal((_fma.MR, kc + 2)).astype(dtype)
+    a = rng.standard_normal((fma.MR, kc + 2)).astype(dtype)
     b = rng.standard_normal((kc, width)).astype(dtype)
-    for mr in range(1, _fma.MR + 1):
-        c = np.full((_fma.MR + 1, width), -7.0, dtype)
+    for mr in range(1, fma.MR + 1):
+        c = np.full((fma.MR + 1, width), -7.0, dtype)
         call(a, b, c, kc, mr, add)
         ref = a[:mr, 2:].astype(np.float64) @ b.astype(np.float64) - (7 if add else 0)
         np.testing.assert_allclose(c[1:mr + 1], ref, rtol=0, atol=1e-5 * max(1, kc))
@@ -254,7 +254,7 @@ def test_plans_agree_with_reference(threads, batch, size, channels) -> None:
     with _threads(threads):
         problem = ce.explain(x, w, padding=1, layout="NHWC").problem
         parts, parts_k, block = winograd._plan(problem, 4)
-        assert parts == threads and block % _fma.MR == 0
+        assert parts == threads and block % fma.MR == 0
         tiles = batch * (-(-size // 4)) ** 2
         assert parts_k == (threads if batch == 1 else 1)
         assert block < tiles or batch == 1  # several blocks where tiles are many

@@ -1,4 +1,4 @@
-"""The functional API: conv, its two gradients, the transposed conv, and explain.
+"""The functional API: conv, its two gradients, the transposed conv, explain, and qconv.
 
 Each call normalises its arguments into a :class:`ConvProblem`, resolves an
 algorithm (both remembered for calls repeated with the same shapes and arguments),
@@ -9,42 +9,22 @@ runs, and converts the result back to the caller's layout and dtype.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from . import gpu, nan_rule, select
+from . import builders, devices, nan_rule, quant, select
 from .errors import ConvSetupError
 from .problem import (
     ConvProblem,
     arg_key,
     as_array,
-    check_float_dtypes,
-    check_layout,
-    check_shape,
-    geometry,
-    make_problem,
-    normalize_padding,
-    shape_tuple,
-    spatial_tuple,
-    split_shape,
-    to_int,
-    transpose_output_size,
 )
 from .registry import Algorithm, Bound
 
 # ---------------------------------------------------------------- running a pass
-
-
-def _check_bias(bias: Any, channels: int, dtype: np.dtype) -> np.ndarray | None:
-    if bias is None:
-        return None
-    b = as_array(bias, "bias")
-    if not (np.issubdtype(b.dtype, np.floating) or b.dtype.name == "bfloat16"):
-        raise ConvSetupError(f"bias must be a float array, got dtype {b.dtype}")
-    check_shape(b.shape, (channels,), "bias", "one value per output channel")
-    return b.astype(dtype)
 
 
 def _execute(
@@ -129,125 +109,14 @@ def _resolve_call(
     return problem, chosen, bound
 
 
-# ---------------------------------------------------------------- problem builders
-
-
-def forward_problem(
-    x: np.ndarray,
-    w: np.ndarray,
-    bias: Any = None,
-    *,
-    stride: Any = 1,
-    padding: Any = 0,
-    dilation: Any = 1,
-    groups: Any = 1,
-    layout: Any = "NCHW",
-) -> ConvProblem:
-    dtype = check_float_dtypes(x=x, w=w)
-    return make_problem("forward", x.shape, w.shape, dtype=dtype, has_bias=bias is not None,
-                        stride=stride, padding=padding, dilation=dilation, groups=groups,
-                        layout=layout)
-
-
-def backward_data_problem(
-    dy: np.ndarray, w: np.ndarray, input_shape: Sequence[int], **conv_args: Any
-) -> ConvProblem:
-    dtype = check_float_dtypes(dy=dy, w=w)
-    problem = make_problem(
-        "backward_data", _shape(input_shape, "input_shape"), w.shape, dtype=dtype,
-        x_name="input_shape", **conv_args,
-    )
-    check_shape(dy.shape, problem.y_shape(), "dy",
-                f"the conv output of input_shape {problem.x_shape()}, {geometry(problem)}")
-    return problem
-
-
-def backward_weight_problem(
-    x: np.ndarray, dy: np.ndarray, weight_shape: Sequence[int], **conv_args: Any
-) -> ConvProblem:
-    dtype = check_float_dtypes(x=x, dy=dy)
-    problem = make_problem(
-        "backward_weight", x.shape, _shape(weight_shape, "weight_shape"), dtype=dtype,
-        w_name="weight_shape", **conv_args,
-    )
-    why = (f"the conv output of x {x.shape} and weight_shape {problem.w_shape()}, "
-           f"{geometry(problem)}")
-    check_shape(dy.shape, problem.y_shape(), "dy", why)
-    return problem
-
-
-def transpose_problem(
-    x: np.ndarray,
-    w: np.ndarray,
-    bias: Any = None,
-    *,
-    stride: Any = 1,
-    padding: Any = 0,
-    output_padding: Any = 0,
-    dilation: Any = 1,
-    groups: Any = 1,
-    layout: Any = "NCHW",
-) -> ConvProblem:
-    """A transposed conv is the backward-data pass of the forward conv whose input it
-    produces: w ``(C_in, C_out // g, *K)`` is that forward conv's weight."""
-    dtype = check_float_dtypes(x=x, w=w)
-    if x.ndim not in (3, 4, 5) or w.ndim != x.ndim:
-        # make_problem phrases rank errors; feed it the shapes as they are
-        make_problem("forward", x.shape, w.shape, dtype=dtype, layout=layout)
-    ndim, layout = x.ndim - 2, check_layout(layout)
-    _, x_channels, in_size = split_shape(x.shape, layout)
-    w_lead, w_channels, kernel = split_shape(w.shape, layout)
-    if min(x_channels, *in_size, w_lead, w_channels, *kernel) < 1:
-        raise ConvSetupError(f"empty dims: x shape {x.shape} and w shape {w.shape} ({layout}) "
-                             f"need channels, kernel and spatial sizes >= 1 (only the batch "
-                             f"may be 0)")
-    stride_t = spatial_tuple(stride, ndim, "stride", 1)
-    dilation_t = spatial_tuple(dilation, ndim, "dilation", 1)
-    out_pad = spatial_tuple(output_padding, ndim, "output_padding", 0)
-    for op, s, d in zip(out_pad, stride_t, dilation_t):
-        if op >= s and op >= d:
-            raise ConvSetupError(
-                f"output_padding must be smaller than stride or dilation, got "
-                f"output_padding={out_pad}, stride={stride_t}, dilation={dilation_t}"
-            )
-    if isinstance(padding, str) and padding.lower() in ("same", "same_lower"):
-        # the transposed output is in * stride; pad away what overhangs
-        total = [
-            max((n - 1) * s + d * (k - 1) + 1 + op - n * s, 0)
-            for n, k, s, d, op in zip(in_size, kernel, stride_t, dilation_t, out_pad)
-        ]
-        lower = padding.lower() == "same_lower"
-        pads: Any = tuple(
-            (t - t // 2, t // 2) if lower else (t // 2, t - t // 2) for t in total
-        )
-    else:
-        pads = normalize_padding(padding, in_size, kernel, stride_t, dilation_t)
-    out_size = transpose_output_size(in_size, kernel, stride_t, pads, dilation_t, out_pad)
-    groups = to_int(groups, "groups")
-    if groups < 1:
-        raise ConvSetupError(f"groups must be >= 1, got {groups}")
-    channels = w_channels * groups
-    nchw = layout == "NCHW"
-    fwd_x = (x.shape[0], channels, *out_size) if nchw else (x.shape[0], *out_size, channels)
-    problem = make_problem(
-        "backward_data", fwd_x, w.shape, dtype=dtype, stride=stride_t, padding=pads,
-        dilation=dilation_t, groups=groups, layout=layout, has_bias=bias is not None,
-        x_name="output", w_name="w",
-    )
-    # output_padding below the dilation (not the stride) can make the forward conv of
-    # the output longer than x: x then stands for a dy zero-extended at the end
-    expected = list(problem.y_shape())
-    for dim, n in zip(range(2, 2 + ndim) if nchw else range(1, 1 + ndim), in_size):
-        expected[dim] = n
-    check_shape(x.shape, expected, "x", f"input of the transposed convolution, {geometry(problem)}")
-    return problem
-
-
-def _shape(value: Any, name: str) -> tuple[int, ...]:
-    return shape_tuple(value, name)
-
-
 # ---------------------------------------------------------------- public calls
+
+
+def _gpu_dispatch() -> Any:
+    """The GPU backend's float calls (imported on the first device call: torch, triton)."""
+    from .gpu import dispatch
+
+    return dispatch
 
 
 def conv(
@@ -267,17 +136,17 @@ def conv(
     x ``(N, C, *S)`` and w ``(O, C // groups, *K)`` in NCHW, or x ``(N, *S, C)`` and
     w ``(O, *K, C // groups)`` in NHWC; bias ``(O,)``. Returns y in the same layout.
     """
-    if gpu.wanted(algo, x, w):  # CUDA operands or a GPU algo: convengine.gpu
-        return gpu.route("conv", x, w, bias, stride=stride, padding=padding, dilation=dilation,
+    if devices.wanted(algo, x, w):  # CUDA operands or a GPU algo: convengine.gpu
+        return _gpu_dispatch().conv(x, w, bias, stride=stride, padding=padding, dilation=dilation,
                          groups=groups, layout=layout, algo=algo)
     x, w = as_array(x, "x"), as_array(w, "w")
     problem, chosen, run = _resolve_call(
         _call_key("forward", x, w, bias is None, stride, padding, dilation, groups, layout,
                   algo),
-        lambda: forward_problem(x, w, bias, stride=stride, padding=padding,
+        lambda: builders.forward_problem(x, w, bias, stride=stride, padding=padding,
                                 dilation=dilation, groups=groups, layout=layout),
         algo)
-    b = None if bias is None else _check_bias(bias, problem.out_channels, problem.compute_dtype)
+    b = None if bias is None else builders.check_bias(bias, problem.out_channels, problem.compute_dtype)
     return _execute(problem, chosen, run, x, w, x.dtype, b)
 
 
@@ -294,15 +163,15 @@ def conv_backward_data(
     algo: str = "auto",
 ) -> np.ndarray:
     """Gradient of :func:`conv` w.r.t. x: dy ``(N, O, *S_out)`` -> dx of ``input_shape``."""
-    if gpu.wanted(algo, dy, w):
-        return gpu.route("conv_backward_data", dy, w, input_shape, stride=stride,
+    if devices.wanted(algo, dy, w):
+        return _gpu_dispatch().conv_backward_data(dy, w, input_shape, stride=stride,
                          padding=padding, dilation=dilation, groups=groups, layout=layout,
                          algo=algo)
     dy, w = as_array(dy, "dy"), as_array(w, "w")
     problem, chosen, run = _resolve_call(
         _call_key("backward_data", dy, w, input_shape, stride, padding, dilation, groups,
                   layout, algo),
-        lambda: backward_data_problem(dy, w, input_shape, stride=stride, padding=padding,
+        lambda: builders.backward_data_problem(dy, w, input_shape, stride=stride, padding=padding,
                                       dilation=dilation, groups=groups, layout=layout),
         algo)
     return _execute(problem, chosen, run, dy, w, dy.dtype)
@@ -321,15 +190,15 @@ def conv_backward_weight(
     algo: str = "auto",
 ) -> np.ndarray:
     """Gradient of :func:`conv` w.r.t. w: (x, dy) -> dw of ``weight_shape``."""
-    if gpu.wanted(algo, x, dy):
-        return gpu.route("conv_backward_weight", x, dy, weight_shape, stride=stride,
+    if devices.wanted(algo, x, dy):
+        return _gpu_dispatch().conv_backward_weight(x, dy, weight_shape, stride=stride,
                          padding=padding, dilation=dilation, groups=groups, layout=layout,
                          algo=algo)
     x, dy = as_array(x, "x"), as_array(dy, "dy")
     problem, chosen, run = _resolve_call(
         _call_key("backward_weight", x, dy, weight_shape, stride, padding, dilation, groups,
                   layout, algo),
-        lambda: backward_weight_problem(x, dy, weight_shape, stride=stride, padding=padding,
+        lambda: builders.backward_weight_problem(x, dy, weight_shape, stride=stride, padding=padding,
                                         dilation=dilation, groups=groups, layout=layout),
         algo)
     return _execute(problem, chosen, run, x, dy, x.dtype)
@@ -352,19 +221,19 @@ def conv_transpose(
 
     Output size per dim: ``(S - 1) * stride - lo - hi + dilation * (K - 1) + 1 + output_padding``.
     """
-    if gpu.wanted(algo, x, w):
-        return gpu.route("conv_transpose", x, w, bias, stride=stride, padding=padding,
+    if devices.wanted(algo, x, w):
+        return _gpu_dispatch().conv_transpose(x, w, bias, stride=stride, padding=padding,
                          output_padding=output_padding, dilation=dilation, groups=groups,
                          layout=layout, algo=algo)
     x, w = as_array(x, "x"), as_array(w, "w")
     problem, chosen, run = _resolve_call(
         _call_key("transpose", x, w, bias is None, stride, padding, output_padding, dilation,
                   groups, layout, algo),
-        lambda: transpose_problem(x, w, bias, stride=stride, padding=padding,
+        lambda: builders.transpose_problem(x, w, bias, stride=stride, padding=padding,
                                   output_padding=output_padding, dilation=dilation,
                                   groups=groups, layout=layout),
         algo)
-    b = None if bias is None else _check_bias(bias, problem.in_channels, problem.compute_dtype)
+    b = None if bias is None else builders.check_bias(bias, problem.in_channels, problem.compute_dtype)
     if x.shape != problem.y_shape():
         x = _zero_extend(x, problem.y_shape())
     return _execute(problem, chosen, run, x, w, x.dtype, b)
@@ -375,12 +244,6 @@ def _zero_extend(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return np.pad(a, [(0, t - n) for n, t in zip(a.shape, shape)])
 
 
-_BUILDERS: dict[str, Callable[..., ConvProblem]] = {
-    "forward": forward_problem,
-    "backward_data": backward_data_problem,
-    "backward_weight": backward_weight_problem,
-    "transpose": transpose_problem,
-}
 
 
 def explain(*args: Any, pass_: str = "forward", **kwargs: Any) -> select.Explanation:
@@ -392,10 +255,21 @@ def explain(*args: Any, pass_: str = "forward", **kwargs: Any) -> select.Explana
     """
     if len(args) == 1 and isinstance(args[0], ConvProblem) and not kwargs:
         return select.explain_problem(args[0])
-    if pass_ not in _BUILDERS:
-        raise ConvSetupError(f"unknown pass_ {pass_!r}; expected one of {tuple(_BUILDERS)}")
+    if pass_ not in builders.BUILDERS:
+        raise ConvSetupError(f"unknown pass_ {pass_!r}; expected one of {tuple(builders.BUILDERS)}")
     kwargs.pop("algo", None)
-    if gpu.wanted(None, *args):  # CUDA operands: the GPU algorithms' verdicts
-        return gpu.route("explain", pass_, *args, **kwargs)
+    if devices.wanted(None, *args):  # CUDA operands: the GPU algorithms' verdicts
+        return _gpu_dispatch().explain(pass_, *args, **kwargs)
     arrays = [as_array(a, f"argument {i}") if hasattr(a, "shape") else a for i, a in enumerate(args)]
-    return select.explain_problem(_BUILDERS[pass_](*arrays, **kwargs))
+    return select.explain_problem(builders.BUILDERS[pass_](*arrays, **kwargs))
+
+
+@functools.wraps(quant.qconv)
+def qconv(x_q: Any, *args: Any, **kwargs: Any) -> Any:
+    # host arrays: convengine.quant.qconv; device tensors or a GPU algo: the GPU backend
+    w_q = args[2] if len(args) > 2 else kwargs.get("w_q")
+    if devices.wanted(kwargs.get("algo"), x_q, w_q):
+        from .gpu import quant as gpu_quant
+
+        return gpu_quant.qconv(x_q, *args, **kwargs)
+    return quant.qconv(x_q, *args, **kwargs)

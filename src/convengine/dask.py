@@ -43,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "convengine.dask needs dask: pip install 'convengine[dask]'"
     ) from exc
 
-from . import api
+from . import api, builders
 from .errors import ConvSetupError
 from .problem import check_layout, make_problem
 from .quant import qconv as _qconv
@@ -277,9 +277,9 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
     layout = check_layout(layout)
     x, c_axis, spatial = _as_dask(x, layout)
     w = np.asarray(w)
-    p = api.forward_problem(_fake(x.shape, x.dtype), w, bias, stride=stride, padding=padding,
+    p = builders.forward_problem(_fake(x.shape, x.dtype), w, bias, stride=stride, padding=padding,
                             dilation=dilation, groups=groups, layout=layout)
-    b = None if bias is None else api._check_bias(bias, p.out_channels, p.compute_dtype)
+    b = None if bias is None else builders.check_bias(bias, p.out_channels, p.compute_dtype)
     dims = [_forward_dim(x.chunks[ax], k, s, d, pad, o) for ax, k, s, d, pad, o in
             zip(spatial, p.kernel, p.stride, p.dilation, p.padding, p.out_size)]
     op = _Conv(p.stride, p.dilation, p.groups, layout, algo)
@@ -328,10 +328,10 @@ def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding
     layout = check_layout(layout)
     x, c_axis, spatial = _as_dask(x, layout)
     w = np.asarray(w)
-    p = api.transpose_problem(_fake(x.shape, x.dtype), w, bias, stride=stride,
+    p = builders.transpose_problem(_fake(x.shape, x.dtype), w, bias, stride=stride,
                               padding=padding, output_padding=output_padding,
                               dilation=dilation, groups=groups, layout=layout)
-    b = None if bias is None else api._check_bias(bias, p.in_channels, p.compute_dtype)
+    b = None if bias is None else builders.check_bias(bias, p.in_channels, p.compute_dtype)
     if b is not None:
         b = b.astype(x.dtype)
     dims = [_transpose_dim(x.chunks[ax], k, s, d, pad, o) for ax, k, s, d, pad, o in

@@ -28,7 +28,7 @@ import functools
 import numpy as np
 
 from . import registry
-from .algorithms._finite import nonfinite
+from .finite import nonfinite
 from .problem import ConvProblem
 from .registry import Algorithm
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from . import api, fused_epilogue, registry, select
+from . import api, builders, fused_epilogue, heuristic, registry
 from .algorithms import blocked, depthwise, winograd
-from .algorithms._finite import nonfinite
+from .finite import nonfinite
 from .threads import get_num_threads
 
 CONV_ARGS = frozenset({"stride", "padding", "dilation", "groups"})
@@ -109,7 +109,7 @@ class PreparedConv:
         """The output's shape ``(N, *S_out, O)`` for x ``(N, *S, C)``."""
         shape = self._out_shapes.get(x.shape)
         if shape is None:
-            problem = api.forward_problem(x, self.weights(), layout="NHWC", **self.args)
+            problem = builders.forward_problem(x, self.weights(), layout="NHWC", **self.args)
             shape = self._out_shapes[x.shape] = tuple(problem.y_shape("NHWC"))
         return shape
 
@@ -128,10 +128,10 @@ class PreparedConv:
         was busy can be several times slower: measured here, a MobileNetV2 1x1 layer
         on flat_gemm at 0.26 ms where blocked takes 0.08.)"""
         w = self.weights()
-        problem = api.forward_problem(x, w, layout="NHWC", **self.args)
-        algo = select.heuristic(problem)
+        problem = builders.forward_problem(x, w, layout="NHWC", **self.args)
+        algo = heuristic.heuristic(problem)
         if algo.name == "blocked":
-            nr = blocked.VEC * blocked._nvec(problem.out_channels)
+            nr = blocked.VEC * blocked.panel_vectors(problem.out_channels)
             wp = self._pack(("blocked", nr), lambda: blocked.pack_weight(w, problem.ndim, nr))
             bias = None
             if self.bias is not None:
@@ -151,8 +151,8 @@ class PreparedConv:
                 return y
             return run_blocked
         self._w_users += 1
-        if algo.name in select.WINOGRAD_TILE:
-            m = select.WINOGRAD_TILE[algo.name]
+        if algo.name in heuristic.WINOGRAD_TILE:
+            m = heuristic.WINOGRAD_TILE[algo.name]
             up = self._pack(("winograd", m), lambda: winograd.packed_transform(w, m))
             direct = registry.get("direct", "forward")
 

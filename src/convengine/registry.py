@@ -24,6 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
+from . import devices
 from .errors import ConvSetupError
 from .problem import PASSES, ConvProblem
 
@@ -122,9 +123,7 @@ def algorithms(pass_: str = "forward", device: str = "cpu") -> list[str]:
     ``device="cuda"``: the GPU (Triton) algorithms of :mod:`convengine.gpu`."""
     _check_pass(pass_)
     if device == "cuda":
-        from . import gpu
-
-        return gpu.names(pass_)
+        return devices.gpu_algorithms(pass_)
     if device != "cpu":
         raise ConvSetupError(f"device must be 'cpu' or 'cuda', got {device!r}")
     return list(_REGISTRY[pass_])

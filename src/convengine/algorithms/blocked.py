@@ -38,8 +38,8 @@ from ..registry import register
 from ..threads import get_num_threads
 from . import blocked_strided
 from ._common import too_large
-from ._fma import prefetch, row_pointers, splat, store_fence, store_rows, vector_ops
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_view
+from .fma import prefetch, row_pointers, splat, store_fence, store_rows, vector_ops
 from .weight_cache import WeightCache, is_transient
 
 TASKS_PER_THREAD = 8  # parallel tasks per thread, at least (a balanced share)
@@ -515,7 +515,7 @@ def pad(x: np.ndarray, ndim: int, padding: tuple[tuple[int, int], ...]) -> np.nd
     return xp
 
 
-def _nvec(out_channels: int) -> int:
+def panel_vectors(out_channels: int) -> int:
     """Vectors per micro-tile (4, 3, 2 or 1; :func:`gather_rows` pixels), by a cost
     model: the panels' channels (O rounded up to ``VEC * nvec``) times one plus the
     loads per multiply-add (``mr`` broadcasts of x and ``nvec`` panel loads per
@@ -707,7 +707,7 @@ def run_into(out: np.ndarray, first: tuple[int, ...], step: tuple[int, ...],
 @register("blocked", "forward", supports=_supports, workspace_bytes=_workspace, accuracy=2,
           numpy_math=False)
 def blocked_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    nr = VEC * _nvec(problem.out_channels)
+    nr = VEC * panel_vectors(problem.out_channels)
     wp, _ = PACKED.get(w, ("forward", problem.ndim, nr),
                        lambda w: pack_weight(w, problem.ndim, nr))
     return _forward(problem, x, wp)
@@ -737,7 +737,7 @@ def _workspace_bwd_data(problem: ConvProblem) -> int:
 def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Stride 1: the forward conv of dy with the flipped kernel; else by phases
     (:mod:`.blocked_strided`)."""
-    nr = VEC * _nvec(problem.in_channels)
+    nr = VEC * panel_vectors(problem.in_channels)
     if all(s == 1 for s in problem.stride):
         forward = backward_data_as_forward(problem)
         if is_transient() and problem.in_channels % nr == 0:

@@ -42,8 +42,8 @@ from ..problem import ConvProblem
 from ..registry import register
 from ..threads import get_num_threads
 from ._common import too_large
-from ._fma import row_pointers, splat, store_rows
 from .blocked import _as2d, dense_float32_2d, padded_input
+from .fma import row_pointers, splat, store_rows
 
 MR = 6  # output channels per register block
 VEC = VECTOR_BYTES // 4  # float32 lanes of a vector register
@@ -158,13 +158,13 @@ def _tasks(problem: ConvProblem) -> tuple[np.ndarray, int, int]:
     wpx = problem.in_size[-1] + sum(wp[1])
     c, o = problem.in_channels, problem.out_channels
     if _by_rows(problem):
-        nvec, run = _nvec(o), kw * c
+        nvec, run = panel_vectors(o), kw * c
         a, t0, o0 = np.meshgrid(np.arange(kh), np.arange(0, run, MR),
                                 np.arange(0, o, VEC * nvec), indexing="ij")
         table = [a * dh * wpx * c + t0, o0, (a * run + t0) * o + o0, np.minimum(MR, run - t0)]
         ys = o
     else:
-        nvec = _nvec(c)
+        nvec = panel_vectors(c)
         a, b, o0, c0 = np.meshgrid(np.arange(kh), np.arange(kw), np.arange(0, o, MR),
                                    np.arange(0, c, VEC * nvec), indexing="ij")
         table = [o0, (a * dh * wpx + b * dw) * c + c0, ((o0 * kh + a) * kw + b) * c + c0,
@@ -175,7 +175,7 @@ def _tasks(problem: ConvProblem) -> tuple[np.ndarray, int, int]:
     return tasks, nvec, ys
 
 
-def _nvec(channels: int) -> int:
+def panel_vectors(channels: int) -> int:
     """Vectors per block: the most of :data:`NVECS` the count allows; 0 if it is not a
     multiple of VEC."""
     return next((v for v in NVECS if channels % (VEC * v) == 0), 0)
@@ -186,7 +186,7 @@ def _by_rows(problem: ConvProblem) -> bool:
     one over input channels: input channels few or not a multiple of VEC, output
     channels a multiple of VEC, unit column dilation."""
     rows_ok = problem.out_channels % VEC == 0 and problem.dilation[-1] == 1
-    return rows_ok and _nvec(problem.out_channels) > _nvec(problem.in_channels)
+    return rows_ok and panel_vectors(problem.out_channels) > panel_vectors(problem.in_channels)
 
 
 def _chunk(problem: ConvProblem) -> tuple[int, int]:

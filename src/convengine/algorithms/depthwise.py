@@ -43,7 +43,7 @@ from .. import memory
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..threads import get_num_threads
-from ._fma import VECTOR_BYTES, prefetch, store_fence, vector_ops  # 16 float32 or 8 float64 (AVX2: 8, 4)
+from .fma import VECTOR_BYTES, prefetch, store_fence, vector_ops  # 16 float32 or 8 float64 (AVX2: 8, 4)
 
 # numba's compiler has a ``noalias`` flag (LLVM ``noalias`` on every array argument)
 # but no public njit option for it; map one, so that kernels whose arrays never

@@ -41,8 +41,8 @@ from .._host import ACCUMULATORS
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..threads import get_num_threads
-from ._fma import prefetch, vector_ops
 from .depthwise import MAX_TAPS, NOALIAS, VECTOR_BYTES, _as2d, _served
+from .fma import prefetch, vector_ops
 
 # vectors of channels per register block: its KH*KW x NVEC accumulators stay in
 # registers (2 with AVX-512, 1 with AVX2)

@@ -31,11 +31,11 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import registry
+from ..finite import nonfinite
 from ..problem import ConvProblem
 from ..registry import register
 from ..threads import get_num_threads, run_parallel, single_threaded_blas
 from ._common import too_large
-from ._finite import nonfinite
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_weight
 
 CHUNK_BYTES = 1 << 20  # rows of X_t and Y per forward chunk, per thread

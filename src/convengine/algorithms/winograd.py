@@ -32,13 +32,13 @@ from numba import njit, prange
 
 from .. import memory, registry
 from .._kernel_cache import Source, load
+from ..finite import nonfinite
 from ..problem import ConvProblem
 from ..registry import register
 from ..threads import get_num_threads
-from ._finite import nonfinite
-from ._fma import MR, gemm_6xnr, lanes, make_sandwich, nr  # noqa: F401  (kernel modules)
 from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_view
 from .direct import NOALIAS
+from .fma import MR, gemm_6xnr, lanes, make_sandwich, nr  # noqa: F401  (kernel modules)
 from .weight_cache import WeightCache
 
 # (B^T, G, A^T) per output tile size m for r = 3

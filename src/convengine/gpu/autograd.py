@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from .. import api
+from .. import builders
 from . import dispatch
 
 
@@ -31,7 +31,7 @@ class ConvFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, x: torch.Tensor, w: torch.Tensor,
                 bias: torch.Tensor | None, conf: dict[str, Any]) -> torch.Tensor:
-        problem = api.forward_problem(dispatch.meta(x), dispatch.meta(w), bias, **_geom(conf))
+        problem = builders.forward_problem(dispatch.meta(x), dispatch.meta(w), bias, **_geom(conf))
         conf = {**conf, "padding": _pairs(problem.padding)}  # "same" resolved once
         ctx.save_for_backward(x, w)
         ctx.conf = conf  # type: ignore[attr-defined]
@@ -61,7 +61,7 @@ class ConvTransposeFn(torch.autograd.Function):
     def forward(ctx: FunctionCtx, x: torch.Tensor, w: torch.Tensor,
                 bias: torch.Tensor | None, conf: dict[str, Any],
                 output_padding: Any) -> torch.Tensor:
-        problem = api.transpose_problem(dispatch.meta(x), dispatch.meta(w), bias,
+        problem = builders.transpose_problem(dispatch.meta(x), dispatch.meta(w), bias,
                                         output_padding=output_padding, **_geom(conf))
         conf = {**conf, "padding": _pairs(problem.padding)}
         ctx.save_for_backward(x, w)

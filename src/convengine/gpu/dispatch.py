@@ -13,10 +13,11 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from .. import api, select
+from .. import builders, select
+from ..devices import GPU_ALGORITHMS
 from ..errors import ConvSetupError
 from ..problem import ConvProblem
-from . import NAMES, tuning
+from . import tuning
 from .algorithms import ALGORITHMS, GpuAlgorithm, activation_code, three
 
 NUMPY_DTYPES: dict[torch.dtype, Any] = {
@@ -54,16 +55,16 @@ def meta(t: torch.Tensor) -> Any:
 
 def check_device(algo: str, **tensors: torch.Tensor) -> torch.device:
     """The operands' common device: CUDA, or CPU under the interpreter with a GPU algo."""
-    if algo != "auto" and algo not in NAMES:
+    if algo != "auto" and algo not in GPU_ALGORITHMS:
         raise ConvSetupError(
-            f"algo {algo!r} is not a GPU algorithm; CUDA operands take 'auto' or one of {NAMES}"
+            f"algo {algo!r} is not a GPU algorithm; CUDA operands take 'auto' or one of {GPU_ALGORITHMS}"
         )
     devices = {t.device for t in tensors.values()}
     if len(devices) != 1:
         listing = ", ".join(f"{k} on {t.device}" for k, t in tensors.items())
         raise ConvSetupError(f"operands must share one device, got {listing}")
     device = devices.pop()
-    if device.type != "cuda" and not (tuning.INTERPRET and algo in NAMES):
+    if device.type != "cuda" and not (tuning.INTERPRET and algo in GPU_ALGORITHMS):
         raise ConvSetupError(
             f"algo={algo!r} runs on CUDA tensors; got tensors on {device} (CPU tensors "
             f"reach the GPU kernels only under TRITON_INTERPRET=1)"
@@ -118,7 +119,7 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
     "gelu") is applied in the kernel's epilogue after the bias."""
     xt, wt = as_tensor(x, "x"), as_tensor(w, "w")
     device = check_device(algo, x=xt, w=wt)
-    problem = api.forward_problem(meta(xt), meta(wt), bias, stride=stride, padding=padding,
+    problem = builders.forward_problem(meta(xt), meta(wt), bias, stride=stride, padding=padding,
                                   dilation=dilation, groups=groups, layout=layout)
     chosen = choose(problem, algo)
     b = _bias(bias, problem.out_channels, device)
@@ -133,7 +134,7 @@ def conv_backward_data(dy: Any, w: Any, input_shape: Sequence[int], *, stride: A
     """:func:`convengine.conv_backward_data` on device tensors."""
     dyt, wt = as_tensor(dy, "dy"), as_tensor(w, "w")
     check_device(algo, dy=dyt, w=wt)
-    problem = api.backward_data_problem(meta(dyt), meta(wt), input_shape, stride=stride,
+    problem = builders.backward_data_problem(meta(dyt), meta(wt), input_shape, stride=stride,
                                         padding=padding, dilation=dilation, groups=groups,
                                         layout=layout)
     chosen = choose(problem, algo)
@@ -147,7 +148,7 @@ def conv_backward_weight(x: Any, dy: Any, weight_shape: Sequence[int], *, stride
     """:func:`convengine.conv_backward_weight` on device tensors."""
     xt, dyt = as_tensor(x, "x"), as_tensor(dy, "dy")
     check_device(algo, x=xt, dy=dyt)
-    problem = api.backward_weight_problem(meta(xt), meta(dyt), weight_shape, stride=stride,
+    problem = builders.backward_weight_problem(meta(xt), meta(dyt), weight_shape, stride=stride,
                                           padding=padding, dilation=dilation, groups=groups,
                                           layout=layout)
     chosen = choose(problem, algo)
@@ -163,7 +164,7 @@ def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding
     with the bias and ``activation`` in their epilogue."""
     xt, wt = as_tensor(x, "x"), as_tensor(w, "w")
     device = check_device(algo, x=xt, w=wt)
-    problem = api.transpose_problem(meta(xt), meta(wt), bias, stride=stride, padding=padding,
+    problem = builders.transpose_problem(meta(xt), meta(wt), bias, stride=stride, padding=padding,
                                     output_padding=output_padding, dilation=dilation,
                                     groups=groups, layout=layout)
     chosen = choose(problem, algo)
@@ -181,7 +182,7 @@ def explain(pass_: str, *args: Any, **kwargs: Any) -> select.Explanation:
     """:func:`convengine.explain` for device operands: the GPU algorithms' verdicts."""
     metas = [meta(as_tensor(a, f"argument {i}")) if hasattr(a, "shape") else a
              for i, a in enumerate(args)]
-    problem = api._BUILDERS[pass_](*metas, **kwargs)
+    problem = builders.BUILDERS[pass_](*metas, **kwargs)
     table = ALGORITHMS[problem.pass_]
     verdicts = {name: a.supports(problem) for name, a in table.items()}
     supported = tuple(n for n, why in verdicts.items() if why is None)

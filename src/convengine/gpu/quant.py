@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..errors import ConvSetupError
-from ..quant.api import _plan
+from ..quant.plan import make_plan
 from .algorithms import launch_conv, three
 from .dispatch import as_tensor, canonical, check_device, meta, restore
 
@@ -47,7 +47,7 @@ def qconv(x_q: Any, x_scale: Any, x_zero_point: Any, w_q: Any, w_scale: Any,
         if t.dtype not in (torch.uint8, torch.int8):
             raise ConvSetupError(f"{name} must be a tensor of dtype uint8 or int8, got {t.dtype}")
     mx, mw = meta(xt), meta(wt)
-    plan = _plan(mx.shape, mx.dtype, mw.shape, mw.dtype, _host(x_scale), _host(x_zero_point),
+    plan = make_plan(mx.shape, mx.dtype, mw.shape, mw.dtype, _host(x_scale), _host(x_zero_point),
                  _host(w_scale), _host(w_zero_point), _host(bias), _host(out_scale),
                  _host(out_zero_point), out_dtype, relu, bias_mode, stride, padding,
                  dilation, groups, layout, "auto")

@@ -396,10 +396,7 @@ def _kernel_fused(prog: Program, chain: Chain) -> Built | str:
     if ops not in (("requantize",), ("relu", "requantize"), ("bias", "requantize"),
                    ("bias", "relu", "requantize")):
         return f"{KERNEL_FUSED} needs the chain [bias] [relu] requantize, got {list(ops)}"
-    from .qnum import int8_conv_requant, kernel_epilogue_refusal
-
-    if (why := kernel_epilogue_refusal()) is not None:
-        return why
+    from .qnum import int8_conv_requant
 
     requant, out_name = chain.ops[-1].attrs, prog.outputs[0]
     nchw = prog.tensors[out_name].layout == "NCHW"

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from ..errors import ConvSetupError
-from ..graph.ir import CONV_OPS, QUANT_DTYPES, Tensor
-from ..graph.program import Program, TensorSpec
-from . import dispatch
+from ..gpu import dispatch
+from .ir import CONV_OPS, QUANT_DTYPES, Tensor
+from .program import Program, TensorSpec
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64,
                 "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -1,7 +1,7 @@
 """The operation graph: tensors, nodes, validation and the canonical description.
 
-A :class:`Graph` is built op by op (``g.conv_fprop``, ``g.bias``, ``g.relu``, ...);
-op outputs are *virtual* tensors whose shapes are inferred by :meth:`Graph.validate`.
+A :class:`GraphDefinition` is built op by op (``g.conv_fprop``, ``g.bias``, ``g.relu``, ...);
+op outputs are *virtual* tensors whose shapes are inferred by :meth:`GraphDefinition.validate`.
 The canonical description (:class:`GraphKey`) is a JSON text of every tensor
 (name, shape, strides, dtype, layout, alignment, role), every node (op, inputs,
 output, normalised attributes) and the build flags; its SHA-256 is the stable hash
@@ -42,7 +42,7 @@ class Tensor:
 
     def __init__(
         self,
-        graph: Graph,
+        graph: GraphDefinition,
         name: str,
         shape: tuple[int, ...] | None,
         dtype: str,
@@ -122,8 +122,9 @@ def channel_axis(rank: int, layout: str | None) -> int:
     return 1 if layout == "NCHW" else rank - 1
 
 
-class Graph:
-    """A small operation graph: one or more convs and their pointwise epilogue.
+class GraphDefinition:
+    """A small operation graph: one or more convs and their pointwise epilogue
+    (the description; :class:`convengine.Graph` adds ``build``).
 
     ``io_dtype`` is the default dtype of inputs and the dtype float outputs are
     returned in; ``compute_dtype`` is the dtype of float intermediates (float16 and
@@ -273,7 +274,7 @@ class Graph:
     def outputs(self) -> list[Tensor]:
         return [t for t in self.tensors.values() if t.is_output]
 
-    def validate(self) -> Graph:
+    def validate(self) -> GraphDefinition:
         """Infer every op output's shape and dtype; ConvSetupError naming the node."""
         self.problems = {}
         for node in self.nodes:
@@ -438,14 +439,6 @@ class Graph:
             "flags": {k: _jsonable(v) for k, v in sorted(flags.items())},
         }
         return GraphKey(json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False))
-
-    def build(self, policy: str = "heuristic", *, deterministic: bool = False,
-              allow_reduced_precision: bool = False, cache: Any = None) -> Any:
-        """Validate, then return the (cached) execution plan; see :func:`build_plan`."""
-        from .plan import build_plan
-
-        return build_plan(self, policy=policy, deterministic=deterministic,
-                          allow_reduced_precision=allow_reduced_precision, cache=cache)
 
 
 def _layout_hint(x: Tensor, w: Tensor, args: dict[str, Any]) -> str:

@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import gpu, select, tune
+from .. import devices, heuristic, tune
 from ..errors import ConvSetupError
 from ..problem import FLOAT_DTYPES, as_array
 from . import engines
 from .engines import ENGINES, INT_ALGO, Built, Candidate, build, check_input
-from .ir import Graph, GraphKey, Tensor
+from .ir import GraphDefinition, GraphKey, Tensor
 from .program import Program
 
 POLICIES = ("heuristic", "all", "tune")
@@ -67,8 +67,11 @@ class Plan:
         """Run on ``{tensor or name: array}`` for every graph input; returns the
         outputs (float ones in the graph's io_dtype) in their declared layout."""
         prog = self.program
-        if any(gpu.on_cuda(v) for v in bindings.values()):  # device tensors: convengine.gpu
-            return Outputs(gpu.route("graph", prog, bindings))
+        if any(devices.on_cuda(v) for v in bindings.values()):  # device tensors
+            from . import gpu
+
+            on_device: dict[str, Any] = gpu.execute(prog, bindings)  # torch tensors
+            return Outputs(on_device)
         vals = {}
         for key, value in bindings.items():
             name = key.name if isinstance(key, Tensor) else key
@@ -160,7 +163,7 @@ def _algorithms(prog: Program, policy: str) -> list[str]:
     problem = prog.problems[convs[0].name]
     if problem.dtype == "int8":
         return [INT_ALGO]
-    order = list(select._preference(problem))  # select's one preference ranking
+    order = list(heuristic.preference(problem))  # the one preference ranking
     if len(convs) > 1:
         return order
     if policy == "tune":
@@ -210,7 +213,7 @@ def candidates(prog: Program, policy: str, deterministic: bool, reduced: bool) -
     return ranked + ([fallback] if fallback not in ranked else [])
 
 
-def build_plan(graph: Graph, policy: str = "heuristic", *, deterministic: bool = False,
+def build_plan(graph: GraphDefinition, policy: str = "heuristic", *, deterministic: bool = False,
                allow_reduced_precision: bool = False, cache: PlanCache | None = None) -> Plan:
     """Validate ``graph`` and return its plan from ``cache`` (default: the shared one)."""
     if policy not in POLICIES:

@@ -7,7 +7,7 @@ import copy
 from dataclasses import dataclass
 
 from ..problem import FLOAT_DTYPES, ConvProblem
-from .ir import CONV_OPS, POINTWISE_OPS, Graph, Node
+from .ir import CONV_OPS, POINTWISE_OPS, GraphDefinition, Node
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Program:
     problems: dict[str, ConvProblem]
 
     @staticmethod
-    def from_graph(graph: Graph) -> Program:
+    def from_graph(graph: GraphDefinition) -> Program:
         tensors = {
             t.name: TensorSpec(t.name, t.shape, t.dtype, t.layout, t.alignment,
                                t.is_virtual, t.is_output)

@@ -10,11 +10,11 @@ with a zero bias.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 import numpy as np
 
 from ..problem import ConvProblem
+from ..quant import plan as qplan
 from ..quant import qconv
 from ..quant.numerics import Requant, apply_requant, dtype_range
 
@@ -41,25 +41,6 @@ def int8_conv_refusal(problem: ConvProblem) -> str | None:
     return None
 
 
-PLAN_FIELDS = ["problem", "path", "geometry", "x_zero_point", "w_zero_point", "requant",
-               "mode", "out_dtype"]
-
-
-def kernel_epilogue_refusal() -> str | None:
-    """None when ``quant.api`` has the kernel entry :func:`int8_conv_requant` calls
-    (``Plan`` and ``_run(plan, x, w, y)``, private there), else why not."""
-    from ..quant import api
-
-    try:
-        fields = [f.name for f in dataclasses.fields(api.Plan)]
-        params = list(inspect.signature(api._run).parameters)
-    except (AttributeError, TypeError) as exc:
-        return f"convengine.quant has no kernel entry to call ({exc})"
-    if fields != PLAN_FIELDS or params != ["plan", "x", "w", "y"]:
-        return f"convengine.quant's kernel entry changed (Plan{fields}, _run{params})"
-    return None
-
-
 def int8_conv_requant(problem: ConvProblem, x: np.ndarray, w: np.ndarray,
                       bias: np.ndarray | None, multiplier: float, zero_point: int,
                       relu: bool, out: np.ndarray) -> None:
@@ -68,15 +49,13 @@ def int8_conv_requant(problem: ConvProblem, x: np.ndarray, w: np.ndarray,
     ``saturate(rint((f32(acc) + bias) * multiplier) + zp)``, ReLU as a clamp at zp
     (equal to ReLU before the positive multiplier). Calls the quant kernels with a
     :class:`Requant` built here, since ``qconv`` derives its own constants."""
-    from ..quant import api
-
     cl = dataclasses.replace(problem, layout="NHWC")
     o = problem.out_channels
     lo, hi = dtype_range(out.dtype)
     rq = Requant("float", np.full(o, multiplier, np.float32),
                  np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias),
                  zero_point, max(lo, zero_point) if relu else lo, hi)
-    plan = api.Plan(cl, api.choose_algo(cl, "auto"), api._geometry(cl), 0,
+    plan = qplan.QuantPlan(cl, qplan.choose_algo(cl, "auto"), qplan.geometry(cl), 0,
                     np.zeros(o, np.int64), rq, 0, out.dtype)
     if out.size:
-        api._run(plan, api._canonical(x, cl), api._canonical(w, cl), out.reshape(-1, o))
+        qplan.run(plan, qplan.canonical(x, cl), qplan.canonical(w, cl), out.reshape(-1, o))

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from ..problem import make_problem
-from .ir import Graph, Tensor
+from .builder import Graph
+from .ir import Tensor
 
 ACTIVATIONS = ("none", "relu", "sigmoid", "silu", "gelu", "gelu_tanh")
 

@@ -1,10 +1,10 @@
 """A QLinearConv node prepared once (:class:`QConvStep`): constant quantization
 parameters and weights validated and packed once per input shape and thread count
-(:func:`convengine.quant.api.bind`), the VNNI / depthwise kernel called directly
+(:func:`convengine.quant.plan.bind`), the VNNI / depthwise kernel called directly
 into a channels-last output from :func:`convengine.memory.empty` (a reused block),
 a following ReLU folded into the requantization clamp (at the output zero point, as
 ``max(y, y_zp)``), and a following QLinearAdd computed from the rounded result in
-the kernel's work items (:func:`convengine.quant.api.residual`).
+the kernel's work items (:func:`convengine.quant.plan.residual`).
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from typing import Any
 import numpy as np
 
 from .. import memory
-from ..quant import api as qapi
 from ..quant import cpu
+from ..quant import plan as qplan
 from ..threads import get_num_threads
 from .ops import Array, to_first, to_last
 from .qops import MICROSOFT_OPS, qlinear_add_params
 
 QAdd = tuple[bool, list[Array]]  # (conv's result is A, [a_s, a_zp, b_s, b_zp, c_s, c_zp])
 # (launch, allocate() -> y (rows, O), (rows, O), y's NHWC shape, x's canonical shape)
-_Bound = tuple[qapi.Launch, Any, tuple[int, int], tuple[int, ...], tuple[int, ...]]
+_Bound = tuple[qplan.Launch, Any, tuple[int, int], tuple[int, ...], tuple[int, ...]]
 
 
 class QConvStep:
@@ -48,7 +48,7 @@ class QConvStep:
         self.add = add
         if add is not None:
             ra, rb, fixed = map(float, qlinear_add_params(*add[1]))
-            self._residual = qapi.residual_add(add[0], ra, rb, fixed, out_dtype)
+            self._residual = qplan.residual_add(add[0], ra, rb, fixed, out_dtype)
         self._launches: dict[tuple[Any, ...], _Bound] = {}
 
     def __call__(self, x: Array, other: Array | None = None) -> Array:
@@ -85,15 +85,15 @@ class QConvStep:
         the kernel's launcher, the output's allocator, its ``(rows, O)`` and NHWC
         shapes and the kernel's canonical shape of x."""
         xs, xzp, ws, wzp, b, ys, yzp, odt, relu = self.params
-        plan = qapi._cached_plan((xl.shape, xl.dtype, self.w_last.shape, self.w_last.dtype,
+        plan = qplan.cached_plan((xl.shape, xl.dtype, self.w_last.shape, self.w_last.dtype,
                                   xs, xzp, ws, wzp, b, ys, yzp, odt, relu, "int32",
                                   self.args["stride"], self.args["padding"],
                                   self.args["dilation"], self.args["groups"], "NHWC", "auto"))
         problem = plan.problem
         y_rows = (problem.batch * math.prod(problem.out_size), problem.out_channels)
         small = math.prod(y_rows) * plan.out_dtype.itemsize < memory.MIN_BYTES
-        canonical = qapi._canonical(np.empty(xl.shape, xl.dtype), problem).shape
+        canonical = qplan.canonical(np.empty(xl.shape, xl.dtype), problem).shape
         allocate = functools.partial(np.empty, y_rows, plan.out_dtype) if small \
             else memory.allocator(y_rows, plan.out_dtype)
-        return (qapi.bind(plan, self.w_last, xl.dtype), allocate, y_rows,
+        return (qplan.bind(plan, self.w_last, xl.dtype), allocate, y_rows,
                 tuple(problem.y_shape("NHWC")), canonical)

@@ -37,7 +37,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..algorithms._fma import row_pointers, splat
+from ..algorithms.fma import row_pointers, splat
 from ._ir import TIE_MARGIN
 
 MR = 6  # rows (output pixels) per tile

@@ -1,4 +1,11 @@
-"""``qconv``: quantized N-d convolution, exact in int32, requantized as PyTorch or ONNX.
+"""The int8 conv on the CPU: a :class:`QuantPlan` per problem, bound to a kernel.
+
+``qconv`` validates its arguments into a plan (cached on their values), picks the
+kernel path (AMX, VNNI, AVX2, portable, depthwise) and runs it: exact in int32,
+requantized as PyTorch or ONNX. The plan entry points (:func:`make_plan`,
+:func:`cached_plan`, :func:`canonical`, :func:`run`, :func:`bind`) serve the fronts
+that hold their own weights (``convengine.torch``, ``convengine.onnx``, the graph
+engines).
 
 Validation reuses :func:`convengine.problem.make_problem` for shapes (so shape
 errors read as in the float API) and :mod:`.numerics` for scales and zero points.
@@ -14,7 +21,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .. import gpu
 from ..errors import ConvSetupError
 from ..problem import ConvProblem, as_array, make_problem
 from ..threads import get_num_threads
@@ -59,7 +65,7 @@ def _int_array(value: Any, name: str, allowed: tuple[str, ...]) -> np.ndarray:
     return a
 
 
-def _canonical(a: np.ndarray, problem: ConvProblem) -> np.ndarray:
+def canonical(a: np.ndarray, problem: ConvProblem) -> np.ndarray:
     """(N|O, C, *S) or (N|O, *S, C) -> (N|O, D, H, W, C) C-contiguous, unit dims in front.
     Idempotent: an array already in that form comes back as it is."""
     if a.ndim == 5 and (problem.ndim < 3 or problem.layout == "NHWC"):
@@ -70,7 +76,7 @@ def _canonical(a: np.ndarray, problem: ConvProblem) -> np.ndarray:
     return np.ascontiguousarray(a.reshape(a.shape[0], *(1,) * pad, *a.shape[1:]))
 
 
-def _geometry(problem: ConvProblem) -> np.ndarray:
+def geometry(problem: ConvProblem) -> np.ndarray:
     def three(values: tuple[int, ...], fill: int) -> list[int]:
         return [fill] * (3 - problem.ndim) + list(values)
 
@@ -143,7 +149,7 @@ def _channels_to_4(packed: Packed, w: np.ndarray, problem: ConvProblem,
     c = problem.in_channels
     if c % 4 == 0:
         return packed
-    wc = _canonical(w, problem)
+    wc = canonical(w, problem)
     wide = np.zeros((*wc.shape[:-1], -(-c // 4) * 4), wc.dtype)
     wide[..., :c] = wc
     return pack(wide, wzp, 1, "vnni")
@@ -195,23 +201,17 @@ def qconv(
     ``out_zero_point``. ``out_dtype=np.int32`` returns the accumulator (plus an
     int32 bias if given), as ONNX ConvInteger; scales other than x/w are then unused.
     """
-    if gpu.wanted(algo, x_q, w_q):  # CUDA operands or a GPU algo: convengine.gpu
-        return gpu.route(
-            "qconv", x_q, x_scale, x_zero_point, w_q, w_scale, w_zero_point, bias,
-            out_scale=out_scale, out_zero_point=out_zero_point, out_dtype=out_dtype, relu=relu,
-            bias_mode=bias_mode, stride=stride, padding=padding, dilation=dilation,
-            groups=groups, layout=layout, algo=algo)
     x = _int_array(x_q, "x_q", ("uint8", "int8"))
     w = _int_array(w_q, "w_q", ("int8", "uint8"))
     args = (x.shape, x.dtype, w.shape, w.dtype, x_scale, x_zero_point, w_scale, w_zero_point,
             bias, out_scale, out_zero_point, out_dtype, relu, bias_mode, stride, padding,
             dilation, groups, layout, algo)
-    plan = _cached_plan(args)
+    plan = cached_plan(args)
     problem = plan.problem
     y = np.empty((problem.batch * math.prod(problem.out_size), problem.out_channels),
                  dtype=plan.out_dtype)
     if y.size:
-        _run(plan, _canonical(x, problem), w, y)
+        run(plan, canonical(x, problem), w, y)
     y = y.reshape(problem.y_shape("NHWC"))
     if problem.layout == "NCHW":
         y = np.ascontiguousarray(np.moveaxis(y, -1, 1))
@@ -219,7 +219,7 @@ def qconv(
 
 
 @dataclass(frozen=True)
-class Plan:
+class QuantPlan:
     """Everything qconv derives from its arguments except the two tensors."""
 
     problem: ConvProblem
@@ -232,7 +232,7 @@ class Plan:
     out_dtype: np.dtype
 
 
-_plans: OrderedDict[Any, Plan] = OrderedDict()
+_plans: OrderedDict[Any, QuantPlan] = OrderedDict()
 
 
 _SIMPLE = frozenset({int, float, str, bool, type(None), np.dtype})
@@ -255,26 +255,26 @@ def _key(value: Any) -> Any:
     return (type(value).__name__, value)
 
 
-def _cached_plan(args: tuple) -> Plan:
+def cached_plan(args: tuple) -> QuantPlan:
     """:func:`_plan` memoised on the arguments' values (never their identity)."""
     try:
         key = (cpu.int8_path(), *map(_key, args))
         hash(key)
     except TypeError:  # an unhashable argument (e.g. a tensor scale): plan afresh
-        return _plan(*args)
+        return make_plan(*args)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plans[key] = _plan(*args)
+        plan = _plans[key] = make_plan(*args)
         while len(_plans) > 256:
             _plans.popitem(last=False)
     return plan
 
 
-def _plan(x_shape: tuple[int, ...], x_dtype: np.dtype, w_shape: tuple[int, ...],
+def make_plan(x_shape: tuple[int, ...], x_dtype: np.dtype, w_shape: tuple[int, ...],
           w_dtype: np.dtype, x_scale: Any, x_zero_point: Any, w_scale: Any,
           w_zero_point: Any, bias: Any, out_scale: Any, out_zero_point: Any,
           out_dtype: Any, relu: bool, bias_mode: str, stride: Any, padding: Any,
-          dilation: Any, groups: Any, layout: Any, algo: str) -> Plan:
+          dilation: Any, groups: Any, layout: Any, algo: str) -> QuantPlan:
     """Validate every argument and fold the constants the kernels need."""
     problem = make_problem(
         "forward", x_shape, w_shape, dtype=_DTYPES[x_dtype], stride=stride, padding=padding,
@@ -308,11 +308,11 @@ def _plan(x_shape: tuple[int, ...], x_dtype: np.dtype, w_shape: tuple[int, ...],
         rq = requant_params(x_scale, w_scale, out_scale, out_zero_point, o, bias,
                             out_dtype=odt, relu=relu, bias_mode=bias_mode)
         mode = 0 if bias_mode == "float" else 1
-    return Plan(problem, choose_algo(problem, algo), _geometry(problem), xzp,
+    return QuantPlan(problem, choose_algo(problem, algo), geometry(problem), xzp,
                 np.ascontiguousarray(wzp, dtype=np.int64), rq, mode, odt)
 
 
-def _run(plan: Plan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
+def run(plan: QuantPlan, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
     """Run the plan's kernel on canonical x and the caller's w into y ``(M, O)``."""
     bind(plan, w, x.dtype)(x, y)
 
@@ -346,7 +346,7 @@ def _with_residual(run: Callable[[np.ndarray, np.ndarray], None]) -> Launch:
     return launch
 
 
-def _u8s8(plan: Plan, w: np.ndarray, flip: int) -> tuple[Packed, np.ndarray, int] | None:
+def _u8s8(plan: QuantPlan, w: np.ndarray, flip: int) -> tuple[Packed, np.ndarray, int] | None:
     """(packed weights, column terms, :func:`kernels.few_heavy_pairs` share) of
     :func:`kernels.conv_avx2_u8s8` where it can serve the plan (uint8 x, int8 weights of
     zero point 0, ungrouped, output channels in whole 16-channel tiles, an 8-bit
@@ -355,7 +355,7 @@ def _u8s8(plan: Plan, w: np.ndarray, flip: int) -> tuple[Packed, np.ndarray, int
     if (flip or w.dtype != np.int8 or problem.groups != 1 or plan.mode == 2
             or problem.out_channels % kernels.AVX2_NR or np.any(plan.w_zero_point)):
         return None
-    packed = packed_weights(w, lambda a: _canonical(a, problem), plan.w_zero_point, 1,
+    packed = packed_weights(w, lambda a: canonical(a, problem), plan.w_zero_point, 1,
                             "avx2_u8s8")
     assert packed.fixes is not None
     col_term = (-plan.x_zero_point * packed.col_sum).astype(np.int32)
@@ -363,7 +363,7 @@ def _u8s8(plan: Plan, w: np.ndarray, flip: int) -> tuple[Packed, np.ndarray, int
     return packed, col_term, share
 
 
-def _bind_avx2(plan: Plan, w: np.ndarray, flip: int, tail: tuple) -> Launch:
+def _bind_avx2(plan: QuantPlan, w: np.ndarray, flip: int, tail: tuple) -> Launch:
     """:func:`bind` on the AVX2 path: the byte tiles (:func:`kernels.conv_avx2_u8s8`)
     where they serve and x has few heavy pairs, else the int16 tiles
     (:func:`kernels.conv_avx2`), whose weights are packed when first needed: a layer
@@ -380,7 +380,7 @@ def _bind_avx2(plan: Plan, w: np.ndarray, flip: int, tail: tuple) -> Launch:
 
     def int16_weights() -> Packed:
         if not int16:
-            int16.append(packed_weights(w, lambda a: _canonical(a, problem),
+            int16.append(packed_weights(w, lambda a: canonical(a, problem),
                                         plan.w_zero_point, groups, "avx2"))
         return int16[0]
 
@@ -406,7 +406,7 @@ def _bind_avx2(plan: Plan, w: np.ndarray, flip: int, tail: tuple) -> Launch:
     return launch_avx2
 
 
-def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
+def bind(plan: QuantPlan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
     """The plan's kernel with the packed form of the caller's ``w`` and every per-call
     constant bound: ``launch(x, y[, res])`` runs it on canonical x ``(N, D, H, W, C)`` of
     ``x_dtype`` (uint8 or int8) into y ``(M, O)``, then adds :func:`residual` ``res``
@@ -422,7 +422,7 @@ def bind(plan: Plan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
         path = "depthwise_vnni"
     if path == "avx2":
         return _bind_avx2(plan, w, flip, tail)
-    packed = packed_weights(w, lambda a: _canonical(a, problem), plan.w_zero_point,
+    packed = packed_weights(w, lambda a: canonical(a, problem), plan.w_zero_point,
                             problem.groups, path)
     geo, groups = plan.geometry, problem.groups
     if path == "depthwise_vnni":

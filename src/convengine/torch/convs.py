@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from .. import api, gpu
+from .. import api, builders, devices
 from ..algorithms.weight_cache import transient
 
 __all__ = [
@@ -38,6 +38,14 @@ __all__ = [
 ]
 
 # ------------------------------------------------------------------ tensor <-> numpy
+
+
+def _device_function(kind: str) -> Any:
+    """The autograd Function for device tensors, "conv" or "conv_transpose" (the GPU
+    backend: imported on the first device call)."""
+    from ..gpu import autograd
+
+    return autograd.ConvFn if kind == "conv" else autograd.ConvTransposeFn
 
 
 def to_numpy(t: torch.Tensor, name: str = "tensor") -> np.ndarray:
@@ -165,7 +173,7 @@ class _ConvFn(torch.autograd.Function):
             # here rather than on every forward call (inference never needs it); numeric
             # padding is passed on as it is (building the problem again cost ~17 us a
             # conv, 0.9 ms of a MobileNetV2 training step)
-            problem = api.forward_problem(_view(x, layout, "input"),
+            problem = builders.forward_problem(_view(x, layout, "input"),
                                           _view(w, layout, "weight"), None, layout=layout,
                                           **_geom(conf))
             conf = {**conf, "padding": _pairs(problem.padding)}
@@ -203,7 +211,7 @@ class _ConvTransposeFn(torch.autograd.Function):
     ) -> torch.Tensor:
         layout = _layout(x)
         xv, wv = _view(x, layout, "input"), _view(w, layout, "weight")
-        problem = api.transpose_problem(
+        problem = builders.transpose_problem(
             xv, wv, bias, layout=layout, output_padding=output_padding, **_geom(conf)
         )
         conf = {**conf, "padding": _pairs(problem.padding)}
@@ -273,8 +281,8 @@ def conv(
     x = input if batched else input.unsqueeze(0)
     conf = {"stride": stride, "padding": padding, "dilation": dilation,
             "groups": groups, "algo": algo}
-    if gpu.wanted(algo, x, weight):  # CUDA: Triton
-        y = gpu.autograd_fn("conv").apply(x, weight, bias, conf)
+    if devices.wanted(algo, x, weight):  # CUDA: Triton
+        y = _device_function("conv").apply(x, weight, bias, conf)
     elif _differentiable(x, weight, bias):
         y = _ConvFn.apply(x, weight, bias, conf)
     else:  # inference: no autograd Function to build (some 10 us a call)
@@ -307,7 +315,7 @@ def conv_transpose(
     x = input if batched else input.unsqueeze(0)
     conf = {"stride": stride, "padding": padding, "dilation": dilation,
             "groups": groups, "algo": algo}
-    fn = (gpu.autograd_fn("conv_transpose") if gpu.wanted(algo, x, weight)
+    fn = (_device_function("conv_transpose") if devices.wanted(algo, x, weight)
           else _ConvTransposeFn)
     y = fn.apply(x, weight, bias, conf, output_padding)
     return y if batched else y.squeeze(0)

@@ -22,8 +22,8 @@ from torch import nn
 
 from ..errors import ConvSetupError
 from ..quant import cpu
-from ..quant.api import _cached_plan, bind
 from ..quant.layout import nhwc_copy
+from ..quant.plan import bind, cached_plan
 
 __all__ = ["QConv2d", "replace_quantized_convs"]
 
@@ -110,7 +110,7 @@ class QConv2d(nn.Module):
     def _bound(self, input: torch.Tensor) -> tuple[Any, tuple[int, ...]]:
         """The kernel launcher for this input's shape and quantization,
         ``launch(input, out)`` (``out`` channels-last), and the output's NCHW shape.
-        Bound once (:func:`convengine.quant.api.bind`) and kept while the module's tensors
+        Bound once (:func:`convengine.quant.plan.bind`) and kept while the module's tensors
         are the same objects at the same versions (PyTorch counts in-place changes) and
         its other attributes are unchanged."""
         buffers = self._buffers  # (faster than four Module.__getattr__ calls)
@@ -126,7 +126,7 @@ class QConv2d(nn.Module):
             return bound[2], bound[3]
         x, w = _nhwc(input), _nhwc(self.weight)
         bias = None if self.bias is None else self.bias.numpy()
-        plan = _cached_plan((
+        plan = cached_plan((
             x.shape, x.dtype, w.shape, w.dtype, input.q_scale(), input.q_zero_point(),
             self.w_scale.numpy(), self.w_zero_point.numpy(), bias, self.scale,
             self.zero_point, x.dtype, self.relu, "float", self.stride, self.padding,

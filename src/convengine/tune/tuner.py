@@ -22,6 +22,7 @@ from typing import Any
 
 from .. import config, environment, exactness, registry, threads
 from ..config import cache_dir
+from ..heuristic import heuristic
 from ..problem import ConvProblem
 from ..registry import Algorithm
 from . import bench, keys
@@ -124,7 +125,6 @@ def tune_problem(problem: ConvProblem, *, force: bool = False) -> TuneResult:
             return TuneResult(problem, key[0], cached.name, entry.results, "cache")
         candidates = [a for a in registry.all_for(problem.pass_)
                       if a.supports(problem) is None and exactness.eligible(a, problem)]
-        from ..select import heuristic  # select imports this module
 
         default = heuristic(problem).name
         results = bench.benchmark(problem, bench.timed_candidates(candidates), keep=default)
