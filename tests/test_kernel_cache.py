@@ -4,14 +4,17 @@ processes filling it at once, the slow-compile log line."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -243,3 +246,119 @@ def test_import_compiles_nothing() -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert res.stdout.split() == ["0"], res.stderr
+
+
+# ------------------------------------------- module kernels (@kernel): the cache's key
+
+
+def test_module_kernels_cover_the_code_they_inline() -> None:
+    from convengine.quant import depthwise, kernels
+
+    mods, partial = kc._code_modules("convengine.quant.kernels")
+    assert not partial
+    assert {"convengine.quant._ir", "convengine.quant._vnni", "convengine.quant._avx2",
+            "convengine.quant._amx"} <= set(mods)
+    for module in mods:  # transitively: what those inline in turn
+        assert set(kc._code_modules(module)[0]) <= set(mods)
+    # depthwise_avx2 does not import quant._ir; quant.depthwise, whose code it inlines, does
+    assert "_ir" not in vars(importlib.import_module("convengine.quant.depthwise_avx2"))
+    assert "convengine.quant._ir" in kc._code_modules("convengine.quant.depthwise_avx2")[0]
+    for fn in (kernels.conv_vnni, kernels.conv_avx2, kernels.conv_portable,
+               depthwise.conv_depthwise):
+        assert isinstance(fn._cache, kc._ModuleCache)
+
+
+def test_the_source_digest_is_computed_once_per_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kc, "_SOURCE_DIGESTS", {})
+    calls: list[str] = []
+    real = kc._code_modules
+    monkeypatch.setattr(kc, "_code_modules", lambda home: calls.append(home) or real(home))
+    first = kc.source_digest("convengine.quant.depthwise")
+    assert all(kc.source_digest("convengine.quant.depthwise") == first for _ in range(3))
+    assert calls == ["convengine.quant.depthwise"]
+
+
+PROBE = '''
+def twice(a):
+    return a * 2.0
+'''
+
+
+def _twice(module: Any) -> tuple[int, int]:
+    """(cache hits, cache misses) of a fresh @kernel dispatcher of module.twice."""
+    dispatcher = kc.kernel(nogil=True)(module.twice)
+    np.testing.assert_array_equal(dispatcher(np.arange(3.0)), [0.0, 2.0, 4.0])
+    return sum(dispatcher.stats.cache_hits.values()), sum(dispatcher.stats.cache_misses.values())
+
+
+def test_module_kernels_miss_after_an_inlined_edit_or_another_isa(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digest of the inlined sources and the ISA level are in the key: a changed
+    digest (an edited intrinsic) or level compiles; the same loads."""
+    from convengine import _host
+
+    (tmp_path / "ce_probe_kernels.py").write_text(PROBE)  # numba's files beside it
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ce_probe_kernels", raising=False)  # gone after
+    module = importlib.import_module("ce_probe_kernels")
+    monkeypatch.setattr(kc, "_SOURCE_DIGESTS", {})
+    assert _twice(module) == (0, 1)
+    assert _twice(module) == (1, 0)
+    kc._SOURCE_DIGESTS["ce_probe_kernels"] = "an inlined file was edited"
+    assert _twice(module) == (0, 1)
+    assert _twice(module) == (1, 0)
+    level = _host.ISA
+    monkeypatch.setattr(_host, "ISA", "none" if level != "none" else "avx2")
+    assert _twice(module) == (0, 1)
+    monkeypatch.setattr(_host, "ISA", level)  # the first level's entry is still there
+    assert _twice(module) == (1, 0)
+
+
+def _padded16(src: Path, numba_dir: Path, isa: str | None = None) -> tuple[int, int]:
+    """In a fresh process importing convengine from ``src``: (hits, misses) of
+    quant.depthwise._padded16, a @kernel function of a module that inlines intrinsics."""
+    code = textwrap.dedent("""
+        import numpy as np, convengine
+        from convengine.quant.depthwise import _padded16
+        assert convengine.__file__.startswith({src!r}), convengine.__file__
+        assert list(_padded16(np.arange(1, 4, dtype=np.int32), 16)[:5]) == [1, 2, 3, 0, 0]
+        print(sum(_padded16.stats.cache_hits.values()), sum(_padded16.stats.cache_misses.values()))
+    """).format(src=str(src))
+    env = {**os.environ, "PYTHONPATH": str(src.parent), "NUMBA_CACHE_DIR": str(numba_dir)}
+    env.pop("CONVENGINE_ISA", None)
+    if isa:
+        env["CONVENGINE_ISA"] = isa
+    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=src.parent.parent,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    hits, misses = map(int, res.stdout.split()[-2:])
+    return hits, misses
+
+
+@pytest.mark.slow
+def test_an_edited_intrinsic_is_never_loaded_stale(tmp_path: Path) -> None:
+    """A copy of convengine's source: editing a file that quant.depthwise inlines only
+    through quant._ir (an algorithms module) compiles again; editing a file it does
+    not inline (cli.py) loads; the AVX2 level has its own entry beside the default."""
+    from convengine import _host
+
+    package = Path(ce.__file__).parent
+    src = tmp_path / "src" / "convengine"
+    shutil.copytree(package, src, ignore=shutil.ignore_patterns("__pycache__"))
+    numba_dir = tmp_path / "numba"
+    inlined = [m for m in kc._code_modules("convengine.quant.depthwise")[0]
+               if m.startswith("convengine.algorithms.")]
+    assert inlined
+    edited = src / Path(sys.modules[inlined[0]].__file__).relative_to(package)  # type: ignore[arg-type]
+
+    assert _padded16(src, numba_dir) == (0, 1)
+    assert _padded16(src, numba_dir) == (1, 0)
+    edited.write_text(edited.read_text() + "\n# an edit\n")
+    assert _padded16(src, numba_dir) == (0, 1)
+    assert _padded16(src, numba_dir) == (1, 0)
+    (src / "cli.py").write_text((src / "cli.py").read_text() + "\n# an edit\n")
+    assert _padded16(src, numba_dir) == (1, 0)
+    if _host.ISA_LEVELS.index(_host.CPU_ISA) > _host.ISA_LEVELS.index("avx2"):
+        assert _padded16(src, numba_dir, "avx2") == (0, 1)
+        assert _padded16(src, numba_dir, "avx2") == (1, 0)
+        assert _padded16(src, numba_dir) == (1, 0)

@@ -68,18 +68,22 @@ def _chosen_level(cpu: str, requested: str) -> str:
     if not word:
         return cpu
     if word not in ISA_LEVELS:
-        raise ValueError(f"${ISA_ENV} must be one of {ISA_LEVELS}, got {requested!r}")
-    if ISA_LEVELS.index(word) > ISA_LEVELS.index(cpu):
-        raise ValueError(f"${ISA_ENV}={word!r} is above this CPU's instruction set {cpu!r}")
+        raise ValueError(f"${ISA_ENV} must be one of {', '.join(ISA_LEVELS)} (or unset: "
+                         f"the CPU's), got {requested!r}")
+    allowed = ISA_LEVELS[:ISA_LEVELS.index(cpu) + 1]
+    if word not in allowed:
+        raise ValueError(f"${ISA_ENV}={word!r} is above this CPU's instruction set {cpu!r} "
+                         f"(allowed here: {', '.join(allowed)})")
     return word
 
 
 def _lowered(features: dict[str, bool], level: str) -> dict[str, bool]:
-    """``features`` without those of the levels above ``level``."""
+    """``features`` without those of the levels above ``level`` (and every AVX-512 or
+    AMX extension below those levels: ``avx512vbmi``, ``amx-bf16``, ...)."""
     above = ISA_LEVELS[ISA_LEVELS.index(level) + 1:]
     dropped = {f for name in above for f in _LEVEL_FEATURES[name]}
-    if ISA_LEVELS.index(level) < ISA_LEVELS.index("avx512"):
-        dropped |= {f for f in features if f.startswith("avx512")}
+    families = tuple(family for family in ("avx512", "amx") if family in above)
+    dropped |= {f for f in features if f.startswith(families)}
     return {f: v for f, v in features.items() if f not in dropped}
 
 
