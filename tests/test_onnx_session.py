@@ -307,8 +307,8 @@ def test_batchnorm_folded_and_epilogue_fused(act):
     extra = {"lo": np.float32(0), "hi": np.float32(6)} if act == "Clip" else {}
     nodes = [helper.make_node(act, ["a", *extra], ["y"])]
     if act == "SiLU":  # x * Sigmoid(x), as exporters write it
-        nodes = [helper.make_node("Sigmoid", ["a"], ["s"]),
-                 helper.make_node("Mul", ["a", "s"], ["y"])]
+        nodes = [helper.make_node("Sigmoid", ["a"], ["sig"]),  # not "s", the BN scale
+                 helper.make_node("Mul", ["a", "sig"], ["y"])]
     model, inputs = _conv_block(nodes, extra)
     session = ceo.Session(model)
     assert [n.op_type for n in session._nodes] == ["Conv"]  # one fused step

@@ -85,7 +85,7 @@ class ConvStep:
         act = fused_activation(rest[0]) if len(rest) == 1 else None
         self.rest = [] if act else rest  # run in numpy after the fused epilogue
         self.conv = PreparedConv(np.moveaxis(w, 1, -1), bias=self.bias,
-                                 activation=act or "none", **args)
+                                 activation=act or "none", layout="NHWC", **args)
 
     def __call__(self, x: Array, extra: Sequence[Array]) -> Array:
         xl = to_last(x)
@@ -117,7 +117,8 @@ class GemmStep:
         n = w.shape[0]
         bias = None if c is None else \
             np.broadcast_to((c * c.dtype.type(attrs.get("beta", 1.0))).reshape(-1), (n,))
-        self.conv = PreparedConv(np.ascontiguousarray(w).reshape(n, 1, 1, -1), bias=bias)
+        self.conv = PreparedConv(np.ascontiguousarray(w).reshape(n, 1, 1, -1), bias=bias,
+                                 layout="NHWC")
 
     def __call__(self, a: Array) -> Array:
         k = self.conv.w_shape[-1]
@@ -131,8 +132,10 @@ class GemmStep:
 def gemm_step(b: Array, c: Array | None, attrs: Mapping[str, Any]) -> bool:
     """Whether :class:`GemmStep` serves a Gemm node with constant B (2-D float32) and
     C (None, or float32 broadcasting along one row of the output)."""
+    if b.ndim != 2:
+        return False
     n = b.shape[0] if attrs.get("transB", 0) else b.shape[-1]
-    return (b.ndim == 2 and b.dtype == np.float32 and not attrs.get("transA", 0)
+    return (b.dtype == np.float32 and not attrs.get("transA", 0)
             and float(attrs.get("alpha", 1.0)) == 1.0
             and (c is None or c.dtype == np.float32 and c.size in (1, n)
                  and c.ndim <= 2 and (c.ndim < 2 or c.shape[0] == 1)))

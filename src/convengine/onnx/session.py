@@ -1,7 +1,10 @@
 """``Session``: a prepared ONNX model, run many times (like ONNX Runtime's
 ``InferenceSession``).
 
-Preparing checks every op up front, converts initializers and Constant nodes once,
+Preparing checks the model first (:mod:`.validate`: a malformed, truncated or hostile
+file is a ConvSetupError naming the file, the node or the field, before anything is
+allocated from a declared size), checks every op up front, converts initializers and
+Constant nodes once,
 folds every node whose inputs are all constants, rewrites QDQ convs
 (DequantizeLinear -> Conv [-> Relu] -> QuantizeLinear) into int8 QLinearConv and QDQ
 Add / GlobalAveragePool / MaxPool / Flatten / Reshape / Gemm into int8 forms, folds
@@ -41,7 +44,14 @@ from .ops import (
 )
 from .qconvstep import QConvStep
 from .qops import MICROSOFT_OPS, QOPS, qgemm, qgemm_output, qgemm_weight
-from .validate import check_graph, check_text, load, source_name, tensor_array
+from .validate import (
+    check_graph,
+    check_text,
+    load,
+    parse_nodes,
+    source_name,
+    tensor_array,
+)
 
 DOMAINS: dict[str, dict[str, Op]] = {"": {**OPS, **QOPS}, "com.microsoft": MICROSOFT_OPS}
 
@@ -188,7 +198,8 @@ class Session:
         for i, t in enumerate(graph.initializer):
             name = check_text(lambda t=t: t.name, f"initializer #{i}'s name")
             self._consts[name] = tensor_array(t, f"initializer {name!r}")
-        nodes = [_Node(*parsed) for parsed in check_graph(model, self._consts)]
+        parsed = parse_nodes(model)
+        nodes = [_Node(*node) for node in parsed]
         unsupported = sorted({f"{n.domain + '::' if n.domain else ''}{n.op_type}"
                               for n in nodes if lookup(n.domain, n.op_type) is None})
         if unsupported:
@@ -197,6 +208,7 @@ class Session:
                 f"the model uses operators convengine.onnx does not support: "
                 f"{', '.join(unsupported)} (nodes {', '.join(map(repr, names[:8]))}; supported: "
                 f"{', '.join(supported_ops())})")
+        check_graph(model, parsed, self._consts)
         self._inputs = [_info(v, "graph input") for v in graph.input
                         if v.name not in self._consts]
         self._outputs = [_info(v, "graph output") for v in graph.output]

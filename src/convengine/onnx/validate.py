@@ -9,7 +9,7 @@ sized by a declared dimension.
 - :func:`tensor_array`: an initializer or tensor attribute as an array, once its data
   type, dims (non-negative, at most ``max_elements`` (:mod:`convengine.config`) elements) and data size
   agree, and its data is in the model (not an external file);
-- :func:`check_graph`: every name valid UTF-8, input and output counts within the
+- :func:`parse_nodes`, :func:`check_graph`: every name valid UTF-8, input counts within the
   operator's schema, each tensor defined once and before it is read (no cycles, no
   missing inputs), the conv and pool attributes sane, quantization parameters
   per-tensor or per-channel of the right length.
@@ -216,9 +216,9 @@ def check_quant_params(op: str, inputs: list[str], attrs: Mapping[str, Any],
                                  f"output channel), got {list(b.shape)}")
     elif op in ("QuantizeLinear", "DequantizeLinear"):
         x, scale, zp = get(0), get(1), get(2)
-        if scale is not None and zp is not None and scale.shape != zp.shape:
+        if scale is not None and zp is not None and scale.size != zp.size:
             raise ConvSetupError(f"scale (shape {list(scale.shape)}) and zero point (shape "
-                                 f"{list(zp.shape)}) must have one shape")
+                                 f"{list(zp.shape)}) must have one size")
         if scale is not None and scale.ndim > 1:
             raise ConvSetupError(f"scale must be a scalar or 1-D, got shape "
                                  f"{list(scale.shape)}")
@@ -243,20 +243,12 @@ def check_quant_params(op: str, inputs: list[str], attrs: Mapping[str, Any],
 Parsed = tuple[str, str, str, list[str], list[str], dict[str, Any]]
 
 
-def check_graph(model: onnx.ModelProto, consts: Mapping[str, np.ndarray]) -> list[Parsed]:
-    """Every node as (name, op_type, domain, inputs, outputs, attributes), after its
-    strings, input counts (the operator's schema), definitions before use, attributes
-    and constant quantization parameters are checked; ``consts`` the initializers."""
+def parse_nodes(model: onnx.ModelProto) -> list[Parsed]:
+    """Every node as (name, op_type, domain, inputs, outputs, attributes), its strings
+    valid UTF-8 and its attributes readable."""
     from .ops import attributes
 
     graph = model.graph
-    opsets = {check_text(lambda o=o: o.domain, "an opset_import's domain"): o.version
-              for o in model.opset_import}
-    opsets[""] = opsets.get("ai.onnx", opsets.get("", 21))
-    defined: dict[str, str] = {n: "an initializer" for n in consts}
-    for i, v in enumerate(graph.input):
-        defined.setdefault(check_text(lambda v=v: v.name, f"graph input #{i}'s name"),
-                           "a graph input")
     parsed: list[Parsed] = []
     for i, node in enumerate(graph.node):
         op = check_text(lambda n=node: n.op_type, f"node #{i}'s op_type")
@@ -271,6 +263,22 @@ def check_graph(model: onnx.ModelProto, consts: Mapping[str, np.ndarray]) -> lis
             raise ConvSetupError(f"{label}: an attribute cannot be read: "
                                  f"{type(error).__name__}: {error}") from error
         parsed.append((name, op, domain, inputs, outputs, attrs))
+    return parsed
+
+
+def check_graph(model: onnx.ModelProto, parsed: list[Parsed],
+                consts: Mapping[str, np.ndarray]) -> None:
+    """The nodes' (:func:`parse_nodes`) input counts (the operator's schema),
+    definitions before use, attributes and constant quantization parameters;
+    ``consts`` the initializers."""
+    graph = model.graph
+    opsets = {check_text(lambda o=o: o.domain, "an opset_import's domain"): o.version
+              for o in model.opset_import}
+    opsets[""] = opsets.get("ai.onnx", opsets.get("", 21))
+    defined: dict[str, str] = {n: "an initializer" for n in consts}
+    for i, v in enumerate(graph.input):
+        defined.setdefault(check_text(lambda v=v: v.name, f"graph input #{i}'s name"),
+                           "a graph input")
     makers: dict[str, int] = {}
     for i, (*_, outputs, _) in enumerate(parsed):
         for out in outputs:
@@ -323,4 +331,3 @@ def check_graph(model: onnx.ModelProto, consts: Mapping[str, np.ndarray]) -> lis
         if out not in defined:
             raise ConvSetupError(f"graph output {out!r}: no node, graph input or "
                                  f"initializer defines it")
-    return parsed
