@@ -274,10 +274,10 @@ class Session:
             note_active()
             if saved is not None and saved != threads:
                 set_num_threads(saved)
-        outputs = [np.ascontiguousarray(self._value(env, n)) for n in names]
-        for name, y in zip(names, outputs, strict=True):
+        results = [np.ascontiguousarray(self._value(env, n)) for n in names]
+        for name, y in zip(names, results, strict=True):
             self._check_output(self._declared[name], y)
-        return outputs
+        return results
 
     def _check_output(self, info: TensorInfo, y: Array) -> None:
         """ConvSetupError if an output contradicts its declared type or fixed dims."""

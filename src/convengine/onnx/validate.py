@@ -31,7 +31,7 @@ from ..errors import ConvSetupError
 
 # the typed field that holds each data type's values when raw_data is absent, and
 # the bytes one value takes in raw_data
-_FIELDS = {
+_FIELDS: dict[int, tuple[str, int]] = {
     onnx.TensorProto.FLOAT: ("float_data", 4), onnx.TensorProto.DOUBLE: ("double_data", 8),
     onnx.TensorProto.INT64: ("int64_data", 8), onnx.TensorProto.UINT64: ("uint64_data", 8),
     onnx.TensorProto.UINT32: ("uint64_data", 4), onnx.TensorProto.INT32: ("int32_data", 4),
