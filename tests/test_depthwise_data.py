@@ -65,7 +65,7 @@ def test_depthwise_backward_data_gathers(xs, k, args, dtype, threads) -> None:
     rng = np.random.default_rng(len(xs) * 1000 + xs[-1] * 10 + threads)
     problem = _problem(xs, k, args)
     plan = direct.backward_data_plan(problem)
-    assert isinstance(plan, depthwise_data.Plan), "not served by depthwise_data.py"
+    assert isinstance(plan, depthwise_data.DepthwiseDataPlan), "not served by depthwise_data.py"
     rows = xs[0] * (xs[1] if len(xs) == 4 else 1)
     assert plan.args[-1] == min(threads, rows)
     dy = rng.standard_normal(problem.y_shape("NHWC")).astype(dtype)
@@ -81,7 +81,7 @@ def test_depthwise_backward_data_gathers(xs, k, args, dtype, threads) -> None:
 
 def test_stride_1_keeps_the_flipped_forward_kernels() -> None:
     problem = _problem((1, 6, 6, 16), (3, 3), dict(padding=1))
-    assert isinstance(direct.backward_data_plan(problem), depthwise.Plan)
+    assert isinstance(direct.backward_data_plan(problem), depthwise.DepthwisePlan)
 
 
 def test_a_pixel_no_tap_reaches_is_zero() -> None:

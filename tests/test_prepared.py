@@ -11,8 +11,11 @@ import pytest
 
 import convengine as ce
 from convengine.algorithms import blocked
-from convengine.prepared import PreparedConv
 from oracle import assert_close, random, reference
+
+
+def PreparedConv(w, **kw):  # noqa: N802 - the cases here are channels-last
+    return ce.PreparedConv(w, layout="NHWC", **kw)
 
 # each picks another algorithm: blocked, Winograd F(4x4), F(2x2), im2col / 1x1
 # (output channels not a multiple of 16), grouped (direct)
@@ -159,10 +162,26 @@ def test_epilogue_keeps_nan_and_checks_its_operands():
 
 def test_unknown_conv_arguments_are_named_at_construction():
     w = np.ones((16, 1, 1, 16), np.float32)
-    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['layout'\]"):
-        PreparedConv(w, layout="NHWC")
-    with pytest.raises(TypeError, match=r"\['strides'\]"):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['strides'\]"):
         PreparedConv(w, strides=2)
+    with pytest.raises(ce.ConvSetupError, match="layout"):
+        ce.PreparedConv(w, layout="NCWH")
+
+
+@pytest.mark.parametrize("kw", [{"padding": 1}, {"stride": 2, "groups": 4},
+                                {"padding": "same", "dilation": 2}], ids=str)
+def test_nchw_layout_as_conv(kw):
+    """The default layout is conv's: NCHW x, w (O, C/g, *K), y and residual."""
+    rng = np.random.default_rng(5)
+    x = random(rng, (2, 16, 9, 9), "float32")
+    w = random(rng, (8, 16 // kw.get("groups", 1), 3, 3), "float32")
+    bias = random(rng, (8,), "float32")
+    prepared = ce.PreparedConv(w, bias=bias, activation="relu", **kw)
+    expected = reference("forward", x, w, layout="NCHW", **kw) + bias[:, None, None]
+    assert_close(prepared(x), np.maximum(expected, 0), "float32", "NCHW prepared conv")
+    residual = random(rng, expected.shape, "float32")
+    got = prepared(x, residual, activation="none")
+    assert_close(got, expected + residual, "float32", "NCHW prepared conv with residual")
 
 
 @pytest.mark.parametrize("panel_by_panel", [False, True])

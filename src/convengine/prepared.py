@@ -1,9 +1,10 @@
 """A forward conv whose weights are constant, prepared once (inference).
 
-``PreparedConv(w, bias=None, activation="none", **conv_args)(x, residual=None)``
-computes ``act(conv(x, w) + bias [+ residual])`` (a call's ``activation=`` overrides
-the prepared one) for channels-last x ``(N, *S, C)`` and w ``(O, *K, C/g)``, like
-:func:`convengine.conv` with ``layout="NHWC"`` followed by
+``PreparedConv(w, bias=None, activation="none", layout="NCHW", **conv_args)(x,
+residual=None)`` computes ``act(conv(x, w) + bias [+ residual])`` (a call's
+``activation=`` overrides the prepared one) in ``layout`` as :func:`convengine.conv`
+takes it (NCHW: x ``(N, C, *S)``, w ``(O, C/g, *K)``; NHWC: x ``(N, *S, C)``, w
+``(O, *K, C/g)``), like :func:`convengine.conv` followed by
 :mod:`convengine.fused_epilogue`, but does once what every call of ``conv`` does
 again: it packs the weights for the algorithm the heuristic picks (``blocked``'s panels, Winograd's
 transformed panels) and binds the kernel per input shape, so a call runs the kernel
@@ -14,6 +15,8 @@ algorithms in one pass after the conv. The caller promises
 that w does not change (an ONNX session's initializers, an optimized inference
 module's folded weights).
 
+The kernels work channels-last: NCHW operands are moved there and the result back
+(one copy each way); hold NHWC data to avoid them.
 Weights holding NaN or infinity, dtypes other than float32 and empty batches go
 through :func:`convengine.conv` (the NaN rule).
 """
@@ -28,6 +31,7 @@ import numpy as np
 from . import api, builders, fused_epilogue, heuristic, registry
 from .algorithms import blocked, depthwise, winograd
 from .finite import nonfinite
+from .problem import as_array, check_layout
 from .threads import get_num_threads
 
 CONV_ARGS = frozenset({"stride", "padding", "dilation", "groups"})
@@ -35,22 +39,27 @@ Kernel = Callable[[np.ndarray, "np.ndarray | None", str], np.ndarray]
 
 
 class PreparedConv:
-    """``conv(x (N, *S, C), residual=None) -> y (N, *S_out, O)``: ``act(conv(x, w) +
-    bias [+ residual])`` with constant w ``(O, *K, C/g)``, bias ``(O,)`` or None,
-    activation one of :data:`convengine.fused_epilogue.ACTIVATIONS`, residual of y's
-    shape, float32, C-contiguous, and the keyword arguments of :func:`convengine.conv`
-    (stride, padding, dilation, groups), channels-last. The epilogue computes in
-    float32: a conv in another dtype takes no bias, residual or activation (a
-    ValueError says so)."""
+    """``conv(x, residual=None) -> y``: ``act(conv(x, w) + bias [+ residual])`` with
+    constant w, bias ``(O,)`` or None, activation one of
+    :data:`convengine.fused_epilogue.ACTIVATIONS`, residual of y's shape, float32, and
+    the keyword arguments of :func:`convengine.conv` (stride, padding, dilation,
+    groups, layout). NCHW (the default, as for ``conv``): x ``(N, C, *S)``, w
+    ``(O, C/g, *K)``, y ``(N, O, *S_out)``; NHWC: x ``(N, *S, C)``, w ``(O, *K, C/g)``,
+    y ``(N, *S_out, O)``, the kernels' own layout (residual C-contiguous there). The
+    epilogue computes in float32: a conv in another dtype takes no bias, residual or
+    activation (a ValueError says so)."""
 
     def __init__(self, w: np.ndarray, *, bias: np.ndarray | None = None,
-                 activation: str = "none", **args: Any) -> None:
+                 activation: str = "none", layout: str = "NCHW", **args: Any) -> None:
         _check_activation(activation)
         unknown = sorted(set(args) - CONV_ARGS)
         if unknown:
             raise TypeError(f"PreparedConv got unexpected keyword argument(s) {unknown}; "
-                            f"expected some of {sorted(CONV_ARGS)} (x is always "
-                            f"channels-last: no layout)")
+                            f"expected some of {sorted(CONV_ARGS | {'layout'})}")
+        self.layout = check_layout(layout)
+        w = as_array(w, "w")
+        if self.layout == "NCHW":
+            w = np.moveaxis(w, 1, -1)
         if bias is not None and np.shape(bias) != (w.shape[0],):
             raise ValueError(f"bias must have shape ({w.shape[0]},), got {np.shape(bias)}")
         self._w: np.ndarray | None = np.ascontiguousarray(w)
@@ -71,6 +80,17 @@ class PreparedConv:
 
     def __call__(self, x: np.ndarray, residual: np.ndarray | None = None,
                  activation: str | None = None) -> np.ndarray:
+        """y for x (and residual) in the prepared layout."""
+        if self.layout == "NHWC":
+            return self.run_nhwc(x, residual, activation)
+        x = np.ascontiguousarray(np.moveaxis(as_array(x, "x"), 1, -1))
+        if residual is not None:
+            residual = np.ascontiguousarray(np.moveaxis(as_array(residual, "residual"), 1, -1))
+        return np.ascontiguousarray(np.moveaxis(self.run_nhwc(x, residual, activation), -1, 1))
+
+    def run_nhwc(self, x: np.ndarray, residual: np.ndarray | None = None,
+                 activation: str | None = None) -> np.ndarray:
+        """y ``(N, *S_out, O)`` for channels-last x ``(N, *S, C)`` whatever the layout."""
         act = self.activation if activation is None else activation
         _check_activation(act)
         if residual is not None and (residual.dtype != np.float32
@@ -106,7 +126,7 @@ class PreparedConv:
         return y
 
     def out_shape(self, x: np.ndarray) -> tuple[int, ...]:
-        """The output's shape ``(N, *S_out, O)`` for x ``(N, *S, C)``."""
+        """The output's shape ``(N, *S_out, O)`` for channels-last x ``(N, *S, C)``."""
         shape = self._out_shapes.get(x.shape)
         if shape is None:
             problem = builders.forward_problem(x, self.weights(), layout="NHWC", **self.args)
@@ -114,7 +134,7 @@ class PreparedConv:
         return shape
 
     def weights(self) -> np.ndarray:
-        """w ``(O, *K, C/g)``, rebuilt from ``blocked``'s panels when only they are kept
+        """w channels-last ``(O, *K, C/g)``, rebuilt from ``blocked``'s panels when only they are kept
         (:func:`convengine.algorithms.blocked.pack_weight` reordered back)."""
         if self._w is None:
             wp = next(v for k, v in self._packed.items() if k[0] == "blocked")
@@ -165,7 +185,7 @@ class PreparedConv:
                                       residual, act)
             return run_winograd
         bound = algo.bind(problem)
-        if isinstance(bound, depthwise.Plan):
+        if isinstance(bound, depthwise.DepthwisePlan):
             taps = bound.taps(w, problem.compute_dtype)  # laid out once
 
             def run_depthwise(x: np.ndarray, residual: np.ndarray | None, act: str

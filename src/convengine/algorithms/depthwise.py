@@ -101,7 +101,7 @@ def _block_intrinsic(  # noqa: PLR0913
                                               * wk.flat[(wo + v*L)*KH*KW + (i*KW + j)*L + l]
 
     over taps ``j0 <= j < j1`` (default all), in order, in registers (``llvm.fma`` on
-    ``VECTOR_BYTES`` vectors of L lanes; ``wo`` a multiple of L, wk as :meth:`Plan.taps`
+    ``VECTOR_BYTES`` vectors of L lanes; ``wo`` a multiple of L, wk as :meth:`DepthwisePlan.taps`
     lays it out).
     ``streaming``: full vectors go to memory with non-temporal stores, which need
     every full vector of y on a 64-byte boundary (y aligned, C a multiple of a vector).
@@ -181,7 +181,7 @@ def _block_intrinsic(  # noqa: PLR0913
                    for k in range(max((width - 1) * sw + (kw_ - 1) * dw + 1, width * sw))]
         y_at = builder.gep(y_ptr, [yo_v])
         pixels = [builder.mul(ir.Constant(it, b), c_v) for b in range(width)]
-        # the weights of vector v, tap t at w_at + (v * KH * KW + t) * lanes (Plan.taps)
+        # the weights of vector v, tap t at w_at + (v * KH * KW + t) * lanes (DepthwisePlan.taps)
         w_at = builder.gep(w_ptr, [builder.mul(wo_v, ir.Constant(it, kh_ * kw_))])
         if epilogue:
             b_ptr = context.make_array(signature.args[11])(context, builder, args[11]).data
@@ -397,7 +397,7 @@ def depthwise2d_kernel(  # noqa: PLR0913
     epilogue: bool = False,
 ) -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
     """The kernels (parallel, serial) for one (KH, KW) kernel shape, width stride and
-    dilations: ``kernel(x (N,H,W,C), wk (:meth:`Plan.taps`), OH, OW, sh,
+    dilations: ``kernel(x (N,H,W,C), wk (:meth:`DepthwisePlan.taps`), OH, OW, sh,
     ph, pw, row_parts, channel_parts, raw, bias, act) -> y (N,OH,OW,C)``, in ``raw``
     (an :func:`output_buffer`) if that is long enough. The
     serial one runs its tasks in turn on the calling thread. ``streaming``: full
@@ -513,7 +513,7 @@ def _whole_vectors(channels: int, itemsize: int) -> int:
     return -(-channels // lanes) * lanes
 
 
-class Plan(NamedTuple):
+class DepthwisePlan(NamedTuple):
     """A depthwise 2-D (or 1-D) conv, ready to run: ``plan(x, w, bias=None, act=0) -> y``."""
 
     kernel: Callable[..., np.ndarray]
@@ -593,7 +593,7 @@ def _as2d(values: tuple[int, ...], lead: int) -> tuple[int, int]:
 
 
 def _plan(problem: ConvProblem, x_size: tuple[int, ...], y_size: tuple[int, ...],
-          pad: tuple[int, ...], flip: bool, stride: tuple[int, ...]) -> Plan:
+          pad: tuple[int, ...], flip: bool, stride: tuple[int, ...]) -> DepthwisePlan:
     n, c = problem.batch, problem.in_channels
     kh_, kw_ = _as2d(problem.kernel, 1)
     sh, sw = _as2d(stride, 1)
@@ -611,12 +611,12 @@ def _plan(problem: ConvProblem, x_size: tuple[int, ...], y_size: tuple[int, ...]
         kernel, parts = serial, (1, 1)
     else:
         kernel, parts = parallel, _split(y4[0] * y4[1], c, threads)
-    return Plan(kernel, (kh_, kw_, sw, dw, dh), x4, (n, *y_size, c), y4, flip,
+    return DepthwisePlan(kernel, (kh_, kw_, sw, dw, dh), x4, (n, *y_size, c), y4, flip,
                 (sh, ph, pw, *parts), streaming, math.prod(y4), alone)
 
 
 @functools.lru_cache(maxsize=256)
-def _forward_plan(problem: ConvProblem, threads: int) -> Plan | None:
+def _forward_plan(problem: ConvProblem, threads: int) -> DepthwisePlan | None:
     if not _served(problem):
         return None
     pad = tuple(lo for lo, _ in problem.padding)
@@ -624,7 +624,7 @@ def _forward_plan(problem: ConvProblem, threads: int) -> Plan | None:
 
 
 @functools.lru_cache(maxsize=256)
-def _backward_data_plan(problem: ConvProblem, threads: int) -> Plan | None:
+def _backward_data_plan(problem: ConvProblem, threads: int) -> DepthwisePlan | None:
     # at stride 1, dx is the forward conv of dy with the flipped kernel, padded by
     # extent - 1 - pad on the low side (needs every pad below the kernel's extent)
     extents = problem.effective_kernel
@@ -635,11 +635,11 @@ def _backward_data_plan(problem: ConvProblem, threads: int) -> Plan | None:
     return _plan(problem, problem.out_size, problem.in_size, pad, True, problem.stride)
 
 
-def forward_plan(problem: ConvProblem) -> Plan | None:
+def forward_plan(problem: ConvProblem) -> DepthwisePlan | None:
     """The plan for a depthwise forward pass, or None if these kernels do not serve it."""
     return _forward_plan(problem, get_num_threads())
 
 
-def backward_data_plan(problem: ConvProblem) -> Plan | None:
+def backward_data_plan(problem: ConvProblem) -> DepthwisePlan | None:
     """The plan computing dx from (dy, w) at stride 1, or None."""
     return _backward_data_plan(problem, get_num_threads())

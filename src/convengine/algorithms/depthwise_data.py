@@ -132,7 +132,7 @@ def _kernels() -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
     return module.parallel, module.serial
 
 
-class Plan(NamedTuple):
+class DepthwiseDataPlan(NamedTuple):
     """A depthwise 2-D (or 1-D) backward-data, ready to run: ``plan(dy, w) -> dx``."""
 
     kernel: Callable[..., np.ndarray]
@@ -158,7 +158,7 @@ class Plan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=256)
-def _backward_data_plan(problem: ConvProblem, threads: int) -> Plan | None:
+def _backward_data_plan(problem: ConvProblem, threads: int) -> DepthwiseDataPlan | None:
     if not one_per_channel(problem):  # any kernel size: nothing is unrolled per tap
         return None
     n, c = problem.batch, problem.in_channels
@@ -172,11 +172,11 @@ def _backward_data_plan(problem: ConvProblem, threads: int) -> Plan | None:
         kernel, parts = _kernels()[1], 1
     else:
         kernel, parts = _kernels()[0], min(threads, rows)
-    return Plan(kernel, dy4, (c, kh_, kw_), problem.x_shape("NHWC"),
+    return DepthwiseDataPlan(kernel, dy4, (c, kh_, kw_), problem.x_shape("NHWC"),
                 (h_, w_, *geometry, parts), n * h_ * w_ * c)
 
 
-def backward_data_plan(problem: ConvProblem) -> Plan | None:
+def backward_data_plan(problem: ConvProblem) -> DepthwiseDataPlan | None:
     """The plan computing dx from (dy, w) for a depthwise problem at any stride, or
     None if this kernel does not serve it."""
     return _backward_data_plan(problem, get_num_threads())

@@ -294,7 +294,7 @@ def weight_kernel(
     return _KERNELS[key]
 
 
-class Plan(NamedTuple):
+class DepthwiseWeightPlan(NamedTuple):
     """A depthwise 2-D (or 1-D) backward-weight, ready to run: ``plan(x, dy) -> dw``."""
 
     kernel: Callable[..., None]
@@ -317,7 +317,7 @@ class Plan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=256)
-def _backward_weight_plan(problem: ConvProblem, threads: int) -> Plan | None:
+def _backward_weight_plan(problem: ConvProblem, threads: int) -> DepthwiseWeightPlan | None:
     if not _served(problem):
         return None
     n, c = problem.batch, problem.in_channels
@@ -337,11 +337,11 @@ def _backward_weight_plan(problem: ConvProblem, threads: int) -> Plan | None:
         kernel, parts = serial, 1
     else:
         kernel, parts = parallel, min(threads, rows)
-    return Plan(kernel, (kh_, kw_, sw, dw), x4, dy4, problem.w_shape("NHWC"),
+    return DepthwiseWeightPlan(kernel, (kh_, kw_, sw, dw), x4, dy4, problem.w_shape("NHWC"),
                 (sh, ph, pw, dh, band, parts))
 
 
-def backward_weight_plan(problem: ConvProblem) -> Plan | None:
+def backward_weight_plan(problem: ConvProblem) -> DepthwiseWeightPlan | None:
     """The plan computing dw from (x, dy) for a depthwise problem, or None if these
     kernels do not serve it."""
     return _backward_weight_plan(problem, get_num_threads())

@@ -295,7 +295,9 @@ def direct_bwd_weight_channel(x, dy, part, sd, sh, sw, pd, ph, pw, dd, dh, dw): 
 # --------------------------------------------------------------------------- entries
 
 
-def backward_data_plan(problem: ConvProblem) -> depthwise.Plan | depthwise_data.Plan | None:
+def backward_data_plan(
+    problem: ConvProblem,
+) -> depthwise.DepthwisePlan | depthwise_data.DepthwiseDataPlan | None:
     """A depthwise backward-data plan: at stride 1 the forward kernels with the taps
     reversed, else (or where those do not serve) the gathering kernel; None if
     neither serves."""
@@ -311,7 +313,7 @@ def _slices(problem: ConvProblem) -> int:
 
 
 def _workspace(problem: ConvProblem) -> int:
-    plan: depthwise.Plan | depthwise_data.Plan | None = None
+    plan: depthwise.DepthwisePlan | depthwise_data.DepthwiseDataPlan | None = None
     if problem.pass_ == "forward":
         plan = forward_plan(problem)
     elif problem.pass_ == "backward_data":

@@ -114,7 +114,7 @@ class FusedConv2d(nn.Module):
             self._conv = PreparedConv(wv, bias=to_numpy(b, "bias"),
                                       activation=self.activation, stride=self.stride,
                                       padding=self.padding, dilation=self.dilation,
-                                      groups=self.groups)
+                                      groups=self.groups, layout="NHWC")
             # w and b kept: their ids stay their own
             self._prepared_for, self._weight_ref = stamp, (w, b)
         return self._conv
