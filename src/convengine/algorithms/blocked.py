@@ -33,6 +33,7 @@ from numba.extending import intrinsic
 from .. import memory
 from .._host import ACCUMULATORS, VECTOR_BYTES, VECTOR_REGISTERS
 from .._kernel_cache import Source, load
+from ..epilogue_codes import CPU_STORE, Activation, names
 from ..problem import ConvProblem
 from ..registry import register
 from ..threads import get_num_threads
@@ -63,7 +64,7 @@ PREFETCH_BYTES = 4096
 # and 0.30 -> 0.13 single-threaded; a stem 0.32 -> 0.21. Longer ones compute long
 # enough for the hardware prefetchers (prefetching cost 28x28x192 -> 32 8%)
 PREFETCH_MAX_REDUCTION = 96
-EPILOGUE_ACTIVATIONS = ("none", "relu", "relu6")  # what the forward's store applies
+EPILOGUE_ACTIVATIONS = names(CPU_STORE)  # what the forward's store applies
 # packed weights up to this size (L1): a forward task computes every output-channel
 # block of its tiles (each pixel's channels written at once: MobileNetV2's 16 -> 96
 # expansion at batch 8, 7.1 -> 5.2 ms single-threaded); larger ones go block by block,
@@ -103,8 +104,8 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
     several output rows) times ``w[w_off + a*was + b*wbs + k*wks + j]`` (packed panels,
     or the VEC * nvec contiguous channels of a weight read in place) and stores
     lanes ``j < valid`` only, as ``act(sum + bias[b_off + j] [+ res[y_off + r*ys +
-    j]])`` (the residual where ``has_res``; ``act`` 0: none, 1: ReLU, 2: ReLU6; NaN
-    passes both), the order and roundings of :mod:`convengine.fused_epilogue`; with
+    j]])`` (the residual where ``has_res``; ``act`` an :class:`Activation` of
+    ``CPU_STORE``; NaN passes both), the order and roundings of :mod:`convengine.fused_epilogue`; with
     ``streaming`` whole panels non-temporally (:func:`_store_epilogue`).
     """
     nr = VEC * nvec
@@ -231,7 +232,7 @@ def _store_epilogue(context, builder, accs, y0, arg, bias_data, res_data,
         biases.append(builder.load(builder.bitcast(at, _VF.as_pointer()), align=4))
     res0 = builder.gep(res_data, [arg["y_off"]])
 
-    def stores(residual: bool, act: int, masked: bool) -> None:
+    def stores(residual: bool, act: Activation, masked: bool) -> None:
         for r, row in enumerate(accs):
             with builder.if_then(builder.icmp_signed("<", ir.Constant(intp, r), arg["mr"]),
                                  likely=True):
@@ -244,9 +245,9 @@ def _store_epilogue(context, builder, accs, y0, arg, bias_data, res_data,
                         v = builder.fadd(v, builder.call(ops.load, [r_ptr, ops.align, masks[j],
                                                                     zero])
                                          if masked else builder.load(r_ptr, align=4))
-                    if act >= 1:  # ordered compares: NaN stays NaN
+                    if act in (Activation.RELU, Activation.RELU6):  # NaN stays NaN
                         v = builder.select(builder.fcmp_ordered("<", v, zero), zero, v)
-                    if act == 2:
+                    if act == Activation.RELU6:
                         v = builder.select(builder.fcmp_ordered(">", v, six), six, v)
                     y_ptr = builder.bitcast(builder.gep(y0, [at]), _VF.as_pointer())
                     if masked:
@@ -270,9 +271,9 @@ def _store_epilogue(context, builder, accs, y0, arg, bias_data, res_data,
                     with branch:
                         done = builder.append_basic_block("epilogue_done")
                         switch = builder.switch(arg["act"], done)
-                        for act in range(len(EPILOGUE_ACTIVATIONS)):
-                            block = builder.append_basic_block(f"act{act}")
-                            switch.add_case(ir.Constant(intp, act), block)
+                        for act in CPU_STORE:
+                            block = builder.append_basic_block(f"act_{act.label}")
+                            switch.add_case(ir.Constant(intp, int(act)), block)
                             builder.position_at_end(block)
                             stores(residual, act, masked)
                             builder.branch(done)
@@ -648,7 +649,7 @@ def bind_forward(problem: ConvProblem, wp: np.ndarray, bias: np.ndarray | None =
         y4 = alloc()
         xp = pad(x, ndim, padding) if padded else np.ascontiguousarray(x).reshape(x4_shape)
         driver(xp, wf, y4, bias, y4 if residual is None else residual,
-               residual is not None, EPILOGUE_ACTIVATIONS.index(activation), *strides,
+               residual is not None, int(Activation.of(activation, CPU_STORE)), *strides,
                *split)
         return y4.reshape(shape)
     return run

@@ -41,6 +41,7 @@ from numba.extending import intrinsic
 
 from .. import memory
 from .._kernel_cache import Source, load
+from ..epilogue_codes import Activation
 from ..problem import ConvProblem
 from ..threads import get_num_threads
 from .fma import VECTOR_BYTES, prefetch, store_fence, vector_ops  # 16 float32 or 8 float64 (AVX2: 8, 4)
@@ -105,9 +106,10 @@ def _block_intrinsic(  # noqa: PLR0913
     lays it out).
     ``streaming``: full vectors go to memory with non-temporal stores, which need
     every full vector of y on a 64-byte boundary (y aligned, C a multiple of a vector).
-    ``epilogue``: the block takes two more arguments, ``bias`` (C,) and ``act`` (0:
-    none, 1: ReLU, 2: ReLU6) and stores ``act(sum + bias.flat[wo + l])``, as
-    :mod:`convengine.fused_epilogue` computes it (NaN passes both activations)."""
+    ``epilogue``: the block takes two more arguments, ``bias`` (C,) and ``act`` (an
+    :class:`~convengine.epilogue_codes.Activation` of ``CPU_STORE``) and stores
+    ``act(sum + bias.flat[wo + l])``, as :mod:`convengine.fused_epilogue` computes it
+    (NaN passes both activations)."""
     taps = [(i, j) for i in range(kh_) for j in range(j0, kw_ if j1 is None else j1)]
 
     intp = types.intp
@@ -189,9 +191,11 @@ def _block_intrinsic(  # noqa: PLR0913
             # the activation as bounds: [0, inf) for ReLU, [0, 6] for ReLU6, else
             # (-inf, inf) (a mask per activation made AVX2 code pack i1 vectors)
             inf = float("inf")
-            low_bound = builder.select(builder.icmp_signed(">=", act_v, ir.Constant(it, 1)),
-                                       zero, ir.Constant(vec, [-inf] * lanes))
-            high_bound = builder.select(builder.icmp_signed("==", act_v, ir.Constant(it, 2)),
+            relu6 = builder.icmp_signed("==", act_v, ir.Constant(it, int(Activation.RELU6)))
+            relu = builder.or_(builder.icmp_signed("==", act_v,
+                                                   ir.Constant(it, int(Activation.RELU))), relu6)
+            low_bound = builder.select(relu, zero, ir.Constant(vec, [-inf] * lanes))
+            high_bound = builder.select(relu6,
                                         ir.Constant(vec, [6.0] * lanes),
                                         ir.Constant(vec, [inf] * lanes))
 
@@ -402,8 +406,8 @@ def depthwise2d_kernel(  # noqa: PLR0913
     (an :func:`output_buffer`) if that is long enough. The
     serial one runs its tasks in turn on the calling thread. ``streaming``: full
     vectors of y are stored non-temporally (C must be a multiple of a vector).
-    ``epilogue``: y is ``act(conv + bias)`` (bias (C,), act 0: none, 1: ReLU, 2:
-    ReLU6); else bias and act are not read."""
+    ``epilogue``: y is ``act(conv + bias)`` (bias (C,), act an :class:`Activation` of
+    ``CPU_STORE``); else bias and act are not read."""
     key = (kh_, kw_, sw_, dh_, dw_, streaming, epilogue)
     if key in _KERNELS:
         return _KERNELS[key]
@@ -552,7 +556,7 @@ class DepthwisePlan(NamedTuple):
     def __call__(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None,
                  act: int = 0, taps: np.ndarray | None = None) -> np.ndarray:
         """x (N, *S, C), w (C, *K, 1), both C-contiguous -> y (N, *S_out, C), starting
-        on a cache line; with bias (C,) of x's dtype or act (1: ReLU, 2: ReLU6) y is
+        on a cache line; with bias (C,) of x's dtype or act (RELU, RELU6) y is
         ``act(conv + bias)``, computed in the kernel's store. ``taps``: w laid out by
         :meth:`taps` already (constant weights: once)."""
         kernel, b = self.kernel, _NO_BIAS

@@ -19,11 +19,12 @@ from typing import Any
 import torch
 import triton
 
+from ..epilogue_codes import GPU, Activation, Epilogue
 from ..problem import ConvProblem
 from . import kernels, tuning
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-ACTIVATIONS = {None: 0, "relu": 1, "silu": 2, "gelu": 3}
+ACTIVATIONS = {None: Activation.NONE, **{a.label: a for a in GPU if a != Activation.NONE}}
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def geometry(problem: ConvProblem, backward_data: bool) -> list[int]:
 def activation_code(activation: str | None) -> int:
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
-    return ACTIVATIONS[activation]
+    return int(ACTIVATIONS[activation])
 
 
 def _tf32() -> bool:
@@ -81,7 +82,8 @@ def _dot_f32(t: torch.Tensor) -> bool:
 
 def launch_conv(problem: ConvProblem, a: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
                 *, backward_data: bool, direct: bool, bias: torch.Tensor | None = None,
-                act: int = 0, epi: int = 0, quant: tuple[Any, ...] | None = None) -> None:
+                act: int = 0, epi: int = Epilogue.FLOAT,
+                quant: tuple[Any, ...] | None = None) -> None:
     """Forward (``a`` = x, ``out`` = y) or backward-data (``a`` = dy, ``out`` = dx) on
     canonical tensors, by the implicit GEMM or the direct kernel. ``quant``: the int8
     epilogue's ``(mult, zero-point pairs or per-q zero points, a_zp, out_zp, lo, hi)``."""
@@ -96,16 +98,17 @@ def launch_conv(problem: ConvProblem, a: torch.Tensor, w: torch.Tensor, out: tor
     geo = geometry(problem, backward_data)
     bias_t = out if bias is None else bias
     mult, zps, a_zp, out_zp, lo, hi = quant if quant is not None else (out, out, 0, 0.0, 0.0, 0.0)
-    common = dict(HAS_BIAS=bias is not None, ACT=act, EPI=epi)
+    common = dict(HAS_BIAS=bias is not None, ACT=int(act), EPI=int(epi))
     fused = {} if tuning.INTERPRET else {"enable_fp_fusion": False}
-    if backward_data and not direct and epi == 0 and any(v > 1 for v in problem.stride):
+    if (backward_data and not direct and epi == Epilogue.FLOAT
+            and any(v > 1 for v in problem.stride)):
         _launch_phased(problem, a, w, out, bias_t if bias is not None else None, act)
         return
     if not direct:
         r = ca
         # forward: B[r=c, q=o] = w[o, tap, c]; backward-data: B[r=o, q=c]
         sb_q, sb_r = (taps * cg, 1) if not backward_data else (1, taps * cg)
-        kern = tuning.igemm(m, q, r * taps, epi != 0, problem)
+        kern = tuning.igemm(m, q, r * taps, epi != Epilogue.FLOAT, problem)
         kern(a, w, out, bias_t, mult, zps, m, q, r, ad, ah, aw, pd, ph, pw, kd, kh, kw, *geo,
              sb_q, sb_r, cg, a_zp, out_zp, lo, hi, TF32=_tf32(), DOT_F32=_dot_f32(a), **common,
              **fused)

@@ -14,6 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from ..epilogue_codes import Activation, Epilogue
 from . import kernels
 
 FLOATS = ("out_zp", "lo", "hi")  # float scalar arguments; every other scalar is i32
@@ -43,21 +44,23 @@ def representative(arch: int = 90) -> dict[str, tuple[int, bool]]:
     int8 GEMM with the float32 requantization, int8 grouped direct, fp16 grouped
     wgrad); name -> (shared memory bytes,
     whether its PTX has tensor-core instructions)."""
-    gemm = dict(HAS_BIAS=True, ACT=2, TF32=False, DOT_F32=False, BLOCK_M=128, BLOCK_N=128,
-                GROUP_M=8)
+    gemm = dict(HAS_BIAS=True, ACT=int(Activation.SILU), TF32=False, DOT_F32=False,
+                BLOCK_M=128, BLOCK_N=128, GROUP_M=8)
     plan = {
         "igemm_bf16": (kernels.igemm_kernel,
                        dict(a_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", bias_ptr="*fp32",
                             mult_ptr="*fp32", rsum_ptr="*i32"),
-                       {**gemm, "EPI": 0, "BLOCK_K": 32}),
+                       {**gemm, "EPI": int(Epilogue.FLOAT), "BLOCK_K": 32}),
         "igemm_int8": (kernels.igemm_kernel,
                        dict(a_ptr="*i8", b_ptr="*i8", y_ptr="*u8", bias_ptr="*fp32",
                             mult_ptr="*fp32", rsum_ptr="*i32"),
-                       {**gemm, "ACT": 0, "EPI": 1, "BLOCK_K": 64}),
+                       {**gemm, "ACT": 0, "EPI": int(Epilogue.REQUANT_FLOAT),
+                        "BLOCK_K": 64}),
         "direct_int8": (kernels.direct_kernel,
                         dict(a_ptr="*u8", b_ptr="*i8", y_ptr="*i8", bias_ptr="*i32",
                              mult_ptr="*fp32", bzp_ptr="*i32"),
-                        dict(HAS_BIAS=True, ACT=0, EPI=2, BLOCK_M=64, BLOCK_N=64)),
+                        dict(HAS_BIAS=True, ACT=0, EPI=int(Epilogue.REQUANT_INT32),
+                             BLOCK_M=64, BLOCK_N=64)),
         "dgrad_phased_bf16": (kernels.dgrad_phased_kernel,
                               dict(a_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
                                    bias_ptr="*fp32", tab_ptr="*i32"),

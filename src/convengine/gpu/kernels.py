@@ -9,9 +9,11 @@ read where ``t % V == 0`` and ``0 <= t // V < A`` (forward: ``S = stride``,
 ``P = -pad``, ``DL = dilation``, ``V = 1``; backward-data: ``S = 1``, ``P = pad``,
 ``DL = -dilation``, ``V = stride``).
 
-Epilogues (``EPI``): 0 float (bias, activation ``ACT``: 0 none, 1 relu, 2 silu, 3 gelu),
-1 int8 requantization in float32 (PyTorch), 2 in float64 with an int32 bias (ONNX),
-3 the raw int32 accumulator plus an int32 bias (ConvInteger). The float steps are those
+Epilogues (``EPI``, an :class:`~convengine.epilogue_codes.Epilogue`): FLOAT (bias,
+activation ``ACT``, an :class:`~convengine.epilogue_codes.Activation` of ``GPU``: none,
+relu, silu, gelu), REQUANT_FLOAT int8 requantization in float32 (PyTorch),
+REQUANT_INT32 in float64 with an int32 bias (ONNX), RAW the int32 accumulator plus an
+int32 bias (ConvInteger): the codes of the CPU kernels. The float steps are those
 of :mod:`convengine.quant.numerics`; launches pass ``enable_fp_fusion=False`` so that
 no multiply and add fuse into an FMA, and rounding is half to even by the 1.5 * 2^mantissa
 trick (exact on the clamped range).
@@ -26,8 +28,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..epilogue_codes import Activation, Epilogue
+
 RINT32 = tl.constexpr(12582912.0)  # 1.5 * 2**23: (v + RINT32) - RINT32 rounds |v| < 2**22 half to even
 RINT64 = tl.constexpr(6755399441055744.0)  # 1.5 * 2**52
+# the shared codes as constexprs (jitted code reads module globals only as those)
+RELU, SILU, GELU = (tl.constexpr(int(a)) for a in (Activation.RELU, Activation.SILU,
+                                                    Activation.GELU))
+FLOAT, REQUANT_FLOAT, REQUANT_INT32 = (tl.constexpr(int(e)) for e in (
+    Epilogue.FLOAT, Epilogue.REQUANT_FLOAT, Epilogue.REQUANT_INT32))
 
 
 @triton.jit
@@ -44,17 +53,17 @@ def _epilogue(acc, rq, rows, row_ok, rq_mask, bias_ptr, mult_ptr, y_ptr, Q, out_
               HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EPI: tl.constexpr):
     """Finish an accumulator tile ``acc [BM, BQ]`` (y rows ``rows``, int64, where
     ``row_ok``; channels ``rq``) into y ``[*, Q]``."""
-    if EPI == 0:
+    if EPI == FLOAT:
         if HAS_BIAS:
             acc = acc + tl.load(bias_ptr + rq, mask=rq_mask, other=0.0).to(tl.float32)[None, :]
-        if ACT == 1:
+        if ACT == RELU:
             acc = tl.maximum(acc, 0.0)
-        elif ACT == 2:
+        elif ACT == SILU:
             acc = acc * tl.sigmoid(acc)
-        elif ACT == 3:
+        elif ACT == GELU:
             acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
         out = acc
-    elif EPI == 1:
+    elif EPI == REQUANT_FLOAT:
         bias = tl.load(bias_ptr + rq, mask=rq_mask, other=0.0)
         mult = tl.load(mult_ptr + rq, mask=rq_mask, other=0.0)
         v = (acc.to(tl.float32) + bias[None, :]) * mult[None, :]
@@ -62,7 +71,7 @@ def _epilogue(acc, rq, rows, row_ok, rq_mask, bias_ptr, mult_ptr, y_ptr, Q, out_
         v = (v + RINT32) - RINT32
         v = v + out_zp
         out = tl.minimum(tl.maximum(v, lo), hi)
-    elif EPI == 2:
+    elif EPI == REQUANT_INT32:
         bias = tl.load(bias_ptr + rq, mask=rq_mask, other=0)
         mult = tl.load(mult_ptr + rq, mask=rq_mask, other=0.0).to(tl.float64)
         v = (acc + bias[None, :]).to(tl.float64) * mult[None, :]
@@ -70,7 +79,7 @@ def _epilogue(acc, rq, rows, row_ok, rq_mask, bias_ptr, mult_ptr, y_ptr, Q, out_
         v = v + (zero + out_zp)
         v = tl.minimum(tl.maximum(v, zero + lo), zero + hi)
         out = (v + RINT64) - RINT64
-    else:
+    else:  # RAW
         out = acc + tl.load(bias_ptr + rq, mask=rq_mask, other=0)[None, :]
     offs = rows[:, None] * Q + rq[None, :]
     tl.store(y_ptr + offs, out.to(y_ptr.dtype.element_ty),
@@ -90,7 +99,7 @@ def igemm_kernel(
     """y ``[M, Q]`` = sum over taps and ``R`` channels of A (gathered) x B, groups == 1.
 
     A ``(N, AD, AH, AW, R)``; B at ``q * sb_q + r * sb_r + tap * sb_tap``. Integer
-    problems (EPI >= 1) take int8 A and B with zero points folded: padded A reads as
+    problems (EPI not FLOAT) take int8 A and B with zero points folded: padded A reads as
     ``a_zp``, and the kernel returns ``sum(a * b) - rsum[q] * sum(a) ...`` through
     ``rsum_ptr`` (per-q ``[wzp, colsum]`` pairs, see :mod:`.quant`). ``*_BUCKET``
     are unused by the body: the autotuner's key (GEMM sizes rounded up to powers of 2)."""
@@ -113,7 +122,7 @@ def igemm_kernel(
     t = t // PH
     pd = t % PD
     n = t // PD
-    if EPI == 0:
+    if EPI == FLOAT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
@@ -136,7 +145,7 @@ def igemm_kernel(
                     other=0)
         b = tl.load(b_ptr + tap * sb_tap + rn[None, :] * sb_q + rr[:, None] * sb_r,
                     mask=r_ok[:, None] & n_ok[None, :], other=0)
-        if EPI == 0:
+        if EPI == FLOAT:
             if DOT_F32:
                 a, b = a.to(tl.float32), b.to(tl.float32)
             if TF32:
@@ -147,7 +156,7 @@ def igemm_kernel(
             a = tl.where(~inside[:, None] & r_ok[None, :], azp, a)
             acc += tl.dot(a, b, out_dtype=tl.int32)
             asum += tl.sum(a.to(tl.int32), axis=1)
-    if EPI != 0:
+    if EPI != FLOAT:
         # sum (a - azp)(b - bzp) = sum ab - bzp * sum a - azp * sum b + K * azp * bzp
         bzp = tl.load(rsum_ptr + 2 * rn, mask=n_ok, other=0)
         bsum = tl.load(rsum_ptr + 2 * rn + 1, mask=n_ok, other=0)
@@ -227,7 +236,7 @@ def dgrad_phased_kernel(
     i_w = tl.load(tab + 17) + tl.load(tab + 23) * jw
     rows = (((n * XD + i_d) * XH + i_h) * XW + i_w).to(tl.int64)
     _epilogue(acc, rn, rows, m_ok, n_ok, bias_ptr, bias_ptr, y_ptr, Q, 0.0, 0.0, 0.0,
-              HAS_BIAS, ACT, 0)
+              HAS_BIAS, ACT, FLOAT)
 
 
 @triton.jit
@@ -254,7 +263,7 @@ def direct_kernel(
     t = t // PH
     pd = t % PD
     n = t // PD
-    if EPI == 0:
+    if EPI == FLOAT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
@@ -273,7 +282,7 @@ def direct_kernel(
                 for r in range(R):
                     a_offs = row[:, None] + (g * R + r)[None, :]
                     b = tl.load(b_q + r * sb_r + tap * sb_tap, mask=n_ok, other=0)
-                    if EPI == 0:
+                    if EPI == FLOAT:
                         a = tl.load(a_ptr + a_offs, mask=mask, other=0.0)
                         acc += a.to(tl.float32) * b.to(tl.float32)[None, :]
                     else:

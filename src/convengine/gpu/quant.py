@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..epilogue_codes import Epilogue
 from ..errors import ConvSetupError
 from ..quant.plan import make_plan
 from .algorithms import launch_conv, three
 from .dispatch import as_tensor, canonical, check_device, meta, restore
 
-_EPILOGUE = {0: 1, 1: 2, 2: 3}  # qconv plan mode (float, int32, raw) -> kernel EPI
 _TORCH_OUT = {np.dtype(np.uint8): torch.uint8, np.dtype(np.int8): torch.int8,
               np.dtype(np.int32): torch.int32}
 
@@ -74,5 +74,5 @@ def qconv(x_q: Any, x_scale: Any, x_zero_point: Any, w_q: Any, w_scale: Any,
         a_zp = plan.x_zero_point - (128 if xt.dtype == torch.uint8 else 0)
     quant = (mult, zps, a_zp, float(rq.zero_point), float(rq.lo), float(rq.hi))
     launch_conv(problem, a, b, y, backward_data=False, direct=direct, bias=bias_t,
-                epi=_EPILOGUE[plan.mode], quant=quant)
+                epi=Epilogue(plan.mode), quant=quant)
     return restore(y, problem.y_shape("NHWC"), problem.layout)
