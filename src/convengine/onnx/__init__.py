@@ -20,10 +20,8 @@ import onnx  # absolute import: the onnx package, not this one
 from .ops import OPS, SINGLE_OUTPUT, Array, attributes
 from .session import Session, TensorInfo, lookup, register_op, run_model, supported_ops
 
-__all__ = ["OPS", "SUPPORTED_OPS", "Session", "TensorInfo", "attributes", "register_op",
-           "run_model", "run_node", "supported_ops"]
-
-SUPPORTED_OPS = tuple(supported_ops())
+__all__ = ["OPS", "Session", "TensorInfo", "attributes", "register_op", "run_model", "run_node",
+           "supported_ops"]
 
 
 def run_node(node: onnx.NodeProto, inputs: Sequence[Any]) -> list[Array]:

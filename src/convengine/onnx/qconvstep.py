@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import memory
+from ..errors import ConvSetupError
 from ..quant import cpu
 from ..quant import plan as qplan
 from ..threads import get_num_threads
@@ -63,7 +64,9 @@ class QConvStep:
             if y.size:
                 launch(xc, y)
             return to_first(y.reshape(shape))
-        assert other is not None
+        if other is None:
+            raise ConvSetupError("a QLinearConv fused with QLinearAdd needs the add's other "
+                                 "operand; none was given")
         ol = to_last(np.asarray(other))
         if ol.shape != shape or ol.dtype.itemsize != 1:  # broadcasting: the add apart
             if y.size:
@@ -74,8 +77,9 @@ class QConvStep:
         return to_first(y.reshape(shape))
 
     def _add_apart(self, y: Array, other: Array) -> Array:
-        """QLinearAdd of y and ``other`` by the operator itself."""
-        assert self.add is not None
+        """QLinearAdd of y and ``other`` by the operator itself (a fused step only)."""
+        if self.add is None:
+            raise ConvSetupError("this QLinearConv step has no fused QLinearAdd")
         a_s, a_zp, b_s, b_zp, c_s, c_zp = self.add[1]
         a, b = (y, other) if self.add[0] else (other, y)
         return MICROSOFT_OPS["QLinearAdd"]([a, a_s, a_zp, b, b_s, b_zp, c_s, c_zp], {})[0]
