@@ -137,16 +137,18 @@ def conv(
     w ``(O, *K, C // groups)`` in NHWC; bias ``(O,)``. Returns y in the same layout.
     """
     if devices.wanted(algo, x, w):  # CUDA operands or a GPU algo: convengine.gpu
-        return _gpu_dispatch().conv(x, w, bias, stride=stride, padding=padding, dilation=dilation,
-                         groups=groups, layout=layout, algo=algo)
+        return _gpu_dispatch().conv(
+            x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups,
+            layout=layout, algo=algo)
     x, w = as_array(x, "x"), as_array(w, "w")
     problem, chosen, run = _resolve_call(
         _call_key("forward", x, w, bias is None, stride, padding, dilation, groups, layout,
                   algo),
         lambda: builders.forward_problem(x, w, bias, stride=stride, padding=padding,
-                                dilation=dilation, groups=groups, layout=layout),
+                                         dilation=dilation, groups=groups, layout=layout),
         algo)
-    b = None if bias is None else builders.check_bias(bias, problem.out_channels, problem.compute_dtype)
+    b = (None if bias is None
+         else builders.check_bias(bias, problem.out_channels, problem.compute_dtype))
     return _execute(problem, chosen, run, x, w, x.dtype, b)
 
 
@@ -164,15 +166,16 @@ def conv_backward_data(
 ) -> np.ndarray:
     """Gradient of :func:`conv` w.r.t. x: dy ``(N, O, *S_out)`` -> dx of ``input_shape``."""
     if devices.wanted(algo, dy, w):
-        return _gpu_dispatch().conv_backward_data(dy, w, input_shape, stride=stride,
-                         padding=padding, dilation=dilation, groups=groups, layout=layout,
-                         algo=algo)
+        return _gpu_dispatch().conv_backward_data(
+            dy, w, input_shape, stride=stride, padding=padding, dilation=dilation,
+            groups=groups, layout=layout, algo=algo)
     dy, w = as_array(dy, "dy"), as_array(w, "w")
     problem, chosen, run = _resolve_call(
         _call_key("backward_data", dy, w, input_shape, stride, padding, dilation, groups,
                   layout, algo),
-        lambda: builders.backward_data_problem(dy, w, input_shape, stride=stride, padding=padding,
-                                      dilation=dilation, groups=groups, layout=layout),
+        lambda: builders.backward_data_problem(dy, w, input_shape, stride=stride,
+                                               padding=padding, dilation=dilation,
+                                               groups=groups, layout=layout),
         algo)
     return _execute(problem, chosen, run, dy, w, dy.dtype)
 
@@ -191,15 +194,16 @@ def conv_backward_weight(
 ) -> np.ndarray:
     """Gradient of :func:`conv` w.r.t. w: (x, dy) -> dw of ``weight_shape``."""
     if devices.wanted(algo, x, dy):
-        return _gpu_dispatch().conv_backward_weight(x, dy, weight_shape, stride=stride,
-                         padding=padding, dilation=dilation, groups=groups, layout=layout,
-                         algo=algo)
+        return _gpu_dispatch().conv_backward_weight(
+            x, dy, weight_shape, stride=stride, padding=padding, dilation=dilation,
+            groups=groups, layout=layout, algo=algo)
     x, dy = as_array(x, "x"), as_array(dy, "dy")
     problem, chosen, run = _resolve_call(
         _call_key("backward_weight", x, dy, weight_shape, stride, padding, dilation, groups,
                   layout, algo),
-        lambda: builders.backward_weight_problem(x, dy, weight_shape, stride=stride, padding=padding,
-                                        dilation=dilation, groups=groups, layout=layout),
+        lambda: builders.backward_weight_problem(x, dy, weight_shape, stride=stride,
+                                                 padding=padding, dilation=dilation,
+                                                 groups=groups, layout=layout),
         algo)
     return _execute(problem, chosen, run, x, dy, x.dtype)
 
@@ -222,18 +226,19 @@ def conv_transpose(
     Output size per dim: ``(S - 1) * stride - lo - hi + dilation * (K - 1) + 1 + output_padding``.
     """
     if devices.wanted(algo, x, w):
-        return _gpu_dispatch().conv_transpose(x, w, bias, stride=stride, padding=padding,
-                         output_padding=output_padding, dilation=dilation, groups=groups,
-                         layout=layout, algo=algo)
+        return _gpu_dispatch().conv_transpose(
+            x, w, bias, stride=stride, padding=padding, output_padding=output_padding,
+            dilation=dilation, groups=groups, layout=layout, algo=algo)
     x, w = as_array(x, "x"), as_array(w, "w")
     problem, chosen, run = _resolve_call(
         _call_key("transpose", x, w, bias is None, stride, padding, output_padding, dilation,
                   groups, layout, algo),
         lambda: builders.transpose_problem(x, w, bias, stride=stride, padding=padding,
-                                  output_padding=output_padding, dilation=dilation,
-                                  groups=groups, layout=layout),
+                                           output_padding=output_padding, dilation=dilation,
+                                           groups=groups, layout=layout),
         algo)
-    b = None if bias is None else builders.check_bias(bias, problem.in_channels, problem.compute_dtype)
+    b = (None if bias is None
+         else builders.check_bias(bias, problem.in_channels, problem.compute_dtype))
     if x.shape != problem.y_shape():
         x = _zero_extend(x, problem.y_shape())
     return _execute(problem, chosen, run, x, w, x.dtype, b)
