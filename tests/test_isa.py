@@ -116,21 +116,45 @@ def test_an_unknown_or_too_high_level_fails_at_import():
 
 
 @pytest.mark.skipif(not CAN_AVX2, reason="the CPU has no AVX2")
-def test_avx2_kernels_get_their_own_cache_entries():
-    """Generated kernels: another module name (fingerprint); numba's cache of the
-    module kernels: another index key. A cache shared by both levels never loads the
-    other's vector width."""
-    code = """
+def test_avx2_kernels_get_their_own_cache_entries(monkeypatch):
+    """Generated kernels: a module name (fingerprint) of their own; numba's cache of the
+    module kernels: an index key of its own. A cache shared by both levels never loads
+    the other's vector width."""
+    home = "convengine.algorithms.blocked"
+    code = f"""
         from convengine import _host, _kernel_cache as kc
-        import convengine.algorithms.blocked
-        print(_host.ISA, _host.VECTOR_BYTES, kc.fingerprint("convengine.algorithms.blocked"))
+        import {home}
+        print(_host.ISA, _host.VECTOR_BYTES, kc.source_digest({home!r}), kc.fingerprint({home!r}))
     """
     res = _python(code, "avx2")
     assert res.returncode == 0, res.stderr
-    isa, width, fingerprint = res.stdout.split()
+    isa, width, digest, fingerprint = res.stdout.split()
     assert (isa, width) == ("avx2", "32")
-    same = fingerprint == kc.fingerprint("convengine.algorithms.blocked")
-    assert same == (_host.ISA == "avx2")
+    # the subprocess's fingerprint from its parts (its sources as it read them)
+    monkeypatch.setattr(kc, "_SOURCE_DIGESTS", {home: digest})
+    monkeypatch.setattr(kc, "_FINGERPRINTS", {})
+    monkeypatch.setattr(_host, "ISA", "avx2")
+    assert kc.fingerprint(home) == fingerprint
+    if _host.CPU_ISA != "avx2":  # the default level: another name
+        monkeypatch.setattr(kc, "_FINGERPRINTS", {})
+        monkeypatch.setattr(_host, "ISA", _host.CPU_ISA)
+        assert kc.fingerprint(home) != fingerprint
+    key = kc._ModuleCache(_identity)._index_key
+    monkeypatch.setattr(_host, "ISA", "avx2")
+    avx2_key = key((), _Codegen())
+    monkeypatch.setattr(_host, "ISA", "avx512")
+    assert key((), _Codegen()) != avx2_key
+
+
+def _identity(a):
+    return a
+
+
+class _Codegen:
+    """What numba's index key reads of a codegen."""
+
+    def magic_tuple(self) -> tuple[str, str, str]:
+        return ("x86_64-unknown-linux-gnu", "znver4", "")
 
 
 # what the subprocess below runs (CONVENGINE_ISA=avx2): float kernels per algorithm and
