@@ -408,3 +408,20 @@ def test_layout_named_when_shapes_disagree(layout, x, w, hint):
     with pytest.raises(ConvSetupError, match="channel mismatch") as info:
         g.validate()
     assert hint in str(info.value)
+
+
+def test_bfloat16_graph_builds_in_a_fresh_process():
+    """ml_dtypes is imported lazily: a bfloat16 graph must load it itself (tuning makes
+    random bfloat16 inputs), not rely on something else having imported it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, convengine as ce\n"
+            "assert 'ml_dtypes' not in sys.modules\n"
+            "g = ce.Graph(io_dtype='bfloat16', compute_dtype='float32', layout='NHWC')\n"
+            "x = g.tensor('x', (1, 6, 6, 16)); w = g.tensor('w', (16, 1, 1, 16))\n"
+            "g.conv_fprop(x, w).set_output(True)\n"
+            "print(g.build(policy='tune', allow_reduced_precision=True).engine_name)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
