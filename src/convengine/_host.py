@@ -1,4 +1,5 @@
-"""The host CPU's vector units, from LLVM's view of the host (read once at import).
+"""The host CPU's vector units, from LLVM's view of the host, and its data caches'
+sizes, from the OS (:data:`CACHES`); read once at import.
 
 The float kernels spell out their vectors: 512-bit ones (32 zmm registers) where the
 CPU has AVX-512, 256-bit ones (16 ymm registers) where it has only AVX2 (AMD Zen 3,
@@ -12,6 +13,9 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 
 def host_features() -> dict[str, bool]:
@@ -100,3 +104,119 @@ VECTOR_REGISTERS = 32 if HAS_AVX512 else 16
 # a register block's accumulators: three quarters of the registers, the rest holding
 # the operands of its multiply-adds (6 x 4 zmm, 6 x 2 ymm)
 ACCUMULATORS = VECTOR_REGISTERS * 3 // 4
+
+
+# ---------------------------------------------------------------- the caches
+
+CACHE_DEFAULTS = {"l1d": 32 << 10, "l2": 512 << 10, "l3": 8 << 20}  # conservative
+# sysconf's names, and glibc's numbers for them (Python's os.sysconf_names lacks them)
+_SYSCONF_NAMES = {"l1d": ("SC_LEVEL1_DCACHE_SIZE", 188), "l2": ("SC_LEVEL2_CACHE_SIZE", 191),
+                  "l3": ("SC_LEVEL3_CACHE_SIZE", 194)}
+SYSFS_CPU = Path("/sys/devices/system/cpu")
+
+
+@dataclass(frozen=True)
+class CacheSizes:
+    """The data caches one core sees, in bytes: L1d and L2 per core (an instance
+    shared by several cores divided among them), L3 the whole instance (shared).
+    ``sources``: how each was obtained, ``(("l1d", "sysfs"), ..., ("l3", "sysconf"))``."""
+
+    l1d: int
+    l2: int
+    l3: int
+    sources: tuple[tuple[str, str], ...]
+
+    def describe(self) -> str:
+        """E.g. ``L1d 32 KiB, L2 1024 KiB, L3 32768 KiB (sysfs)``."""
+        how = dict(self.sources)
+        kinds = set(how.values())
+        parts = [f"{name.upper().replace('D', 'd')} {getattr(self, name) >> 10} KiB"
+                 + ("" if len(kinds) == 1 else f" ({how[name]})") for name in CACHE_DEFAULTS]
+        return ", ".join(parts) + (f" ({kinds.pop()})" if len(kinds) == 1 else "")
+
+
+def _cpu_count(text: str) -> int:
+    """How many CPUs a sysfs list (``0-3,8``) names."""
+    count = 0
+    for item in text.strip().split(","):
+        lo, _, hi = item.partition("-")
+        count += int(hi) - int(lo) + 1 if hi else 1
+    return count
+
+
+def _size(text: str) -> int:
+    """sysfs's ``32K``, ``1024K``, ``32M`` (or plain bytes) in bytes."""
+    word = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(word[-1:], 1)
+    return int(word.rstrip("KMG")) * scale
+
+
+def _from_sysfs(root: Path) -> dict[str, int]:
+    """Sizes from ``root/cpu0/cache/index*`` (Linux), per core for L1d and L2."""
+    found: dict[str, int] = {}
+    try:
+        threads_per_core = _cpu_count((root / "cpu0/topology/thread_siblings_list").read_text())
+    except (OSError, ValueError):
+        threads_per_core = 1
+    for index in sorted((root / "cpu0/cache").glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            size = _size((index / "size").read_text())
+            try:
+                sharing = _cpu_count((index / "shared_cpu_list").read_text())
+            except OSError:
+                sharing = 1
+        except (OSError, ValueError):
+            continue
+        if kind not in ("Data", "Unified") or size <= 0 or not 1 <= level <= 3:
+            continue
+        name = "l1d" if level == 1 else f"l{level}"
+        cores = max(1, sharing // max(1, threads_per_core))
+        found.setdefault(name, size if level == 3 else max(1, size // cores))
+    return found
+
+
+def _from_sysconf(sysconf: Callable[[str | int], int], glibc: bool) -> dict[str, int]:
+    """Sizes from ``sysconf`` (glibc's view of CPUID: under a hypervisor it may name
+    the host's whole L3, 320 MiB on a 32 MiB EPYC slice), where it knows them."""
+    found = {}
+    for name, (key, number) in _SYSCONF_NAMES.items():
+        known = key in getattr(os, "sysconf_names", {})
+        if not known and not glibc:
+            continue
+        try:
+            size = int(sysconf(key if known else number))
+        except (ValueError, OSError, TypeError):
+            continue
+        if size > 0:
+            found[name] = size
+    return found
+
+
+def read_cache_sizes(root: Path = SYSFS_CPU,
+                     sysconf: Callable[[str | int], int] | None = None) -> CacheSizes:
+    """The cache sizes from sysfs under ``root``, else from ``sysconf`` (default
+    ``os.sysconf``), else :data:`CACHE_DEFAULTS` (the reason recorded in ``sources``)."""
+    sysfs = _from_sysfs(root)
+    by_sysconf: dict[str, int] = {}
+    if len(sysfs) < len(CACHE_DEFAULTS):
+        glibc = platform.libc_ver()[0] == "glibc"
+        by_sysconf = _from_sysconf(sysconf or getattr(os, "sysconf", _no_sysconf), glibc)
+    values, sources = {}, []
+    for name, default in CACHE_DEFAULTS.items():
+        if name in sysfs:
+            values[name], how = sysfs[name], "sysfs"
+        elif name in by_sysconf:
+            values[name], how = by_sysconf[name], "sysconf"
+        else:
+            values[name], how = default, "default (neither sysfs nor sysconf reports it)"
+        sources.append((name, how))
+    return CacheSizes(values["l1d"], values["l2"], values["l3"], tuple(sources))
+
+
+def _no_sysconf(name: str | int) -> int:
+    raise ValueError(f"no sysconf on this system ({name})")
+
+
+CACHES = read_cache_sizes()
