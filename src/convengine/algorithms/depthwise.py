@@ -39,12 +39,18 @@ from numba import njit, prange, types
 from numba.core import cpu, options
 from numba.extending import intrinsic
 
-from .. import memory
+from .. import host_params, memory
 from .._kernel_cache import Source, load
 from ..epilogue_codes import Activation
 from ..problem import ConvProblem
 from ..threads import get_num_threads
-from .fma import VECTOR_BYTES, prefetch, store_fence, vector_ops  # 16 float32 or 8 float64 (AVX2: 8, 4)
+from .fma import (  # VECTOR_BYTES: 16 float32 or 8 float64 (AVX2: 8, 4)
+    VECTOR_BYTES,
+    prefetch,
+    splat,
+    store_fence,
+    vector_ops,
+)
 
 # numba's compiler has a ``noalias`` flag (LLVM ``noalias`` on every array argument)
 # but no public njit option for it; map one, so that kernels whose arrays never
@@ -70,7 +76,8 @@ MAX_TAPS = 9
 # with the software prefetch below, batch-8 56x56x144 (9 vectors, its last block
 # half masked and stored through the cache) took 1.72-1.78 ms streamed and 1.14-1.23
 # not, while 112x112x32 took 0.67-0.90 streamed and 0.97-1.14 not (2 threads).
-STREAMING_BYTES = 8 << 20
+# A quarter of L3: 8 MiB on Zen 4's 32 MiB (see host_params.streaming_bytes).
+STREAMING_BYTES = host_params.streaming_bytes()
 # Each register block prefetches the x lines this far ahead along the tap rows new to
 # its output row, and the y lines this far ahead (not with non-temporal stores, which
 # bypass the cache: batch-8 112x112x32 1.0-1.1 ms with, 0.7-0.8 without): once x and y
@@ -132,13 +139,10 @@ def _block_intrinsic(  # noqa: PLR0913
         a_ptr = context.make_array(signature.args[2])(context, builder, a_a).data
         w_ptr = context.make_array(signature.args[6])(context, builder, wk_a).data
         lane_ids = ir.Constant(ir.VectorType(it, lanes), list(range(lanes)))
-        undef = ir.Constant(ir.VectorType(it, lanes), ir.Undefined)
-        splat = builder.shuffle_vector(
-            builder.insert_element(undef, valid_v, ir.Constant(ir.IntType(32), 0)),
-            undef, ir.Constant(ir.VectorType(ir.IntType(32), lanes), None))
+        valid_lanes = splat(builder, valid_v, lane_ids.type)
         masks = [
             builder.icmp_signed("<", builder.add(lane_ids, ir.Constant(lane_ids.type, [
-                v * lanes] * lanes)), splat)
+                v * lanes] * lanes)), valid_lanes)
             for v in range(NVEC)
         ]
         zero = ir.Constant(vec, None)

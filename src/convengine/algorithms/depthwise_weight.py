@@ -42,7 +42,7 @@ from .._kernel_cache import Source, load
 from ..problem import ConvProblem
 from ..threads import get_num_threads
 from .depthwise import MAX_TAPS, NOALIAS, VECTOR_BYTES, _as2d, _served
-from .fma import prefetch, vector_ops
+from .fma import prefetch, splat, vector_ops
 
 # vectors of channels per register block: its KH*KW x NVEC accumulators stay in
 # registers (2 with AVX-512, 1 with AVX2)
@@ -104,16 +104,10 @@ def _rows_intrinsic(kh_: int, kw_: int, sw: int, dw: int) -> Any:  # noqa: C901
             def const(v):
                 return ir.Constant(it, v)
 
-            def splat(value, lane_t):
-                undef = ir.Constant(ir.VectorType(lane_t, lanes), ir.Undefined)
-                one = builder.insert_element(undef, value, ir.Constant(ir.IntType(32), 0))
-                return builder.shuffle_vector(
-                    one, undef, ir.Constant(ir.VectorType(ir.IntType(32), lanes), None))
-
             lane_ids = ir.Constant(ir.VectorType(it, lanes), list(range(lanes)))
             masks = [
                 builder.icmp_signed("<", builder.add(lane_ids, ir.Constant(
-                    lane_ids.type, [v * lanes] * lanes)), splat(valid_v, it))
+                    lane_ids.type, [v * lanes] * lanes)), splat(builder, valid_v, lane_ids.type))
                 for v in range(NVEC)
             ]
             zero = ir.Constant(vec, None)

@@ -77,7 +77,8 @@ def store_rows(builder: ir.IRBuilder, accs: list, base: ir.Value, mr: ir.Value,
 
 
 def splat(builder: ir.IRBuilder, value: ir.Value, vec: ir.VectorType) -> ir.Value:
-    """``value`` broadcast to every lane of ``vec``."""
+    """``value`` broadcast to every lane of ``vec`` (any lane count and element type:
+    the one splat of the float and int8 LLVM IR kernels)."""
     undef = ir.Constant(vec, ir.Undefined)
     first = builder.insert_element(undef, value, ir.Constant(ir.IntType(32), 0))
     return builder.shuffle_vector(first, undef,

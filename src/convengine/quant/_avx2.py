@@ -38,7 +38,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..algorithms.fma import row_pointers, splat
-from ._ir import TIE_MARGIN
+from ..epilogue_codes import Epilogue
+from ._ir import requant
 
 MR = 6  # rows (output pixels) per tile
 NR = 16  # columns (output channels) per tile: two ymm of int32
@@ -137,57 +138,6 @@ def _make_ukernel() -> Any:
     return intrinsic(ukernel)
 
 
-def _requant(builder, acc, bias, mult, lo, hi, zp, onnx: bool) -> ir.Value:
-    """One <8 x i32> of accumulators requantized as ``kernels._epilogue`` does, to
-    <8 x i32> values inside [lo, hi]. PyTorch's (``onnx`` False: float32 ``bias``,
-    ``mult``, ``lo``, ``hi``, ``zp``): ``clamp(rint((f32(acc) + bias) * mult), lo - zp,
-    hi - zp) + zp``, equal to ``_epilogue``'s clamp after ``+ zp`` (rint is monotonic
-    and fixes the integer bounds). ONNX's (int32 ``bias``, float64 ``lo``, ``hi``,
-    ``zp``): :func:`_requant_onnx`. No multiply-add is fused (separate roundings)."""
-    if onnx:
-        return _requant_onnx(builder, builder.add(acc, bias), mult, lo, hi, zp)
-    vf = ir.VectorType(ir.FloatType(), 8)
-    v = builder.fmul(builder.fadd(builder.sitofp(acc, vf), bias), mult)
-    v = _clamp(builder, v, builder.fsub(lo, zp), builder.fsub(hi, zp))
-    q = builder.fptosi(_rint(builder, v), _V8)
-    return builder.add(q, splat(builder, builder.fptosi(zp, _I32), _V8))
-
-
-def _requant_onnx(builder, s, mult, lo, hi, zp) -> ir.Value:
-    """ONNX's ``rint(clamp(f64(s) * f64(mult) + zp, lo, hi))`` of ``s = acc + bias``
-    (<8 x i32>, wrapping; float32 ``mult``; float64 integers ``lo``, ``hi``, ``zp``).
-
-    First in float32, ``fma(f32(s), mult, zp)`` clamped and rounded to even: within
-    2**-14.6 of the float64 value inside the clamp range, so both round alike unless a
-    lane lies within ``_ir.TIE_MARGIN`` of a half-integer (the argument of
-    :func:`convengine.quant._ir.requant_i32_codegen`, the AVX-512 form); a vector with
-    such a lane (every exact tie) is computed again in float64. With the float64 form
-    on every vector the AVX2 depthwise kernel's ONNX mode took 1.3-1.6x its float-bias
-    mode's time (56x56x144, Zen 3), 1.2x with this one; in the dense kernels the two
-    were within noise of each other."""
-    vf = ir.VectorType(ir.FloatType(), 8)
-    f32 = ir.FloatType()
-    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]),
-                                         "llvm.fma.v8f32")
-    v = builder.call(fma, [builder.sitofp(s, vf), mult,
-                           splat(builder, builder.fptrunc(zp, f32), vf)])
-    v = _clamp(builder, v, builder.fptrunc(lo, f32), builder.fptrunc(hi, f32))
-    rounded = _rint(builder, v)
-    fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf]),
-                                          "llvm.fabs.v8f32")
-    off = builder.call(fabs, [builder.fsub(v, rounded)])
-    near = builder.fcmp_ordered(">=", off, ir.Constant(vf, [0.5 - TIE_MARGIN] * 8))
-    result = cgutils.alloca_once_value(builder, builder.fptosi(rounded, _V8))
-    with builder.if_then(builder.icmp_unsigned("!=", builder.bitcast(near, ir.IntType(8)),
-                                               ir.Constant(ir.IntType(8), 0)), likely=False):
-        vd = ir.VectorType(ir.DoubleType(), 8)
-        exact = builder.fadd(builder.fmul(builder.sitofp(s, vd), builder.fpext(mult, vd)),
-                             splat(builder, zp, vd))
-        builder.store(builder.fptosi(_rint(builder, _clamp(builder, exact, lo, hi)), _V8),
-                      result)
-    return builder.load(result)
-
-
 def store_bytes(builder, qs: list[ir.Value], ptr: ir.Value, signed: bool) -> None:
     """Store one or two <8 x i32> vectors ``qs`` whose values already lie in the 8-bit
     range (int8 if ``signed``, else uint8) as 8 or 16 consecutive bytes at ``ptr`` (an
@@ -213,26 +163,11 @@ def store_bytes(builder, qs: list[ir.Value], ptr: ir.Value, signed: bool) -> Non
     builder.store(ordered, builder.bitcast(ptr, ordered.type.as_pointer()), align=1)
 
 
-def _clamp(builder, v: ir.Value, lo: ir.Value, hi: ir.Value) -> ir.Value:
-    """``v`` clamped lane by lane to the scalars [lo, hi] (ordered compares)."""
-    low, high = splat(builder, lo, v.type), splat(builder, hi, v.type)
-    v = builder.select(builder.fcmp_ordered(">", v, low), v, low)
-    return builder.select(builder.fcmp_ordered("<", v, high), v, high)
-
-
-def _rint(builder, v: ir.Value) -> ir.Value:
-    """Round to the nearest integer, ties to even (``vroundps``/``vroundpd``)."""
-    fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(v.type, [v.type]),
-        f"llvm.rint.v8f{64 if isinstance(v.type.element, ir.DoubleType) else 32}")
-    return builder.call(fn, [v])
-
-
 def _make_ukernel_requant(u8s8: bool = False) -> Any:
     """The tile of 16 whole columns requantized into 8-bit ``out``: rows ``r < mr`` go
-    to ``out[out_off + r * ldo + j]`` as :func:`_requant` of the accumulator, ``bias``
-    and ``mult`` read at ``o0`` (float32 ``bias``: PyTorch's requantization; int32:
-    ONNX's), ``lo``, ``hi``, ``zp`` float64. ``u8s8``: the :func:`_tile` of raw bytes
+    to ``out[out_off + r * ldo + j]`` as :func:`~convengine.quant._ir.requant` of the
+    accumulator, ``bias`` and ``mult`` read at ``o0`` (float32 ``bias``: PyTorch's
+    requantization; int32: ONNX's), ``lo``, ``hi``, ``zp`` float64. ``u8s8``: the :func:`_tile` of raw bytes
     (K in quads), started from the int32 tile ``start[start_off:]`` with rows
     ``start_ld`` apart (three more arguments)."""
 
@@ -264,9 +199,8 @@ def _requant_codegen(onnx: bool, u8s8: bool) -> Any:
             for k in (7, 10, 11))
         o0_v, lo_v, hi_v, zp_v = args[12:16]
         intp = o0_v.type
-        if not onnx:
-            lo_v, hi_v, zp_v = (builder.fptrunc(v, ir.FloatType()) for v in (lo_v, hi_v,
-                                                                              zp_v))
+        lo_v, hi_v, zp_v = (builder.fptrunc(v, ir.FloatType()) for v in (lo_v, hi_v, zp_v))
+        mode = Epilogue.REQUANT_INT32 if onnx else Epilogue.REQUANT_FLOAT
         consts = []
         for j in range(2):
             at = builder.add(o0_v, ir.Constant(intp, 8 * j))
@@ -278,8 +212,8 @@ def _requant_codegen(onnx: bool, u8s8: bool) -> Any:
         signed = signature.args[7].dtype.signed
 
         def store(r, at):
-            qs = [_requant(builder, builder.load(accs[r][j]), *consts[j], lo_v, hi_v, zp_v,
-                           onnx) for j in range(2)]
+            qs = [requant(builder, builder.load(accs[r][j]), *consts[j], lo_v, hi_v, zp_v,
+                          mode) for j in range(2)]
             store_bytes(builder, qs, builder.bitcast(at, ir.IntType(8).as_pointer()),
                         signed)
 

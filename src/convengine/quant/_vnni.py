@@ -26,16 +26,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._ir import (
-    VB,
-    VF,
-    VI,
-    lane_mask,
-    masked_store,
-    requant_codegen,
-    requant_i32_codegen,
-    splat,
-)
+from ..algorithms.fma import splat
+from ..epilogue_codes import Epilogue
+from ._ir import VB, VF, VI, bounds, lane_mask, masked_store, requant
 
 MR = 6
 NR = 64
@@ -83,8 +76,8 @@ def _make_ukernel_requant(mr_rows: int, nvec: int) -> Any:
 
     with ``bias``, ``mult`` (float32) and ``col_term``, ``wzp`` (int32) read at ``o0``
     in whole 16-lane vectors (the caller pads them), ``qmin``/``qmax`` the clamp less
-    the zero point ``zp``. An int32 ``bias`` requantizes as ONNX instead (mode 1,
-    :func:`requant_i32_codegen`)."""
+    the zero point ``zp`` (:func:`~convengine.quant._ir.requant`, REQUANT_FLOAT). An
+    int32 ``bias`` requantizes as ONNX instead (REQUANT_INT32)."""
 
     def ukernel(typingctx, a, a_off, lda, b, b_off, kc4, mr, c, c_off, acc_in, out, out_off,
                 ldo, ncol, rows, r_off, col_term, wzp, bias, mult, o0, qmin, qmax, zp):
@@ -158,8 +151,9 @@ def _requant_epilogue(context: Any, builder: ir.IRBuilder, signature: Any, args:
         return builder.load(builder.bitcast(builder.gep(arr[a].data, [at]), vty.as_pointer()),
                             align=4)
 
-    onnx = isinstance(signature.args[k + 8].dtype, types.Integer)  # int32 bias: mode 1
-    requant = requant_i32_codegen if onnx else requant_codegen
+    onnx = isinstance(signature.args[k + 8].dtype, types.Integer)  # int32 bias: ONNX's
+    mode = Epilogue.REQUANT_INT32 if onnx else Epilogue.REQUANT_FLOAT
+    lo, hi, zp_f = bounds(builder, qmin, qmax, zp)
     cols = [(column(6, j, VI), column(7, j, VI), column(8, j, VI if onnx else VF),
              column(9, j, VF)) for j in range(nvec)]
     lanes = [builder.sub(ncol, ir.Constant(intp, 16 * j)) for j in range(nvec)]
@@ -179,7 +173,7 @@ def _requant_epilogue(context: Any, builder: ir.IRBuilder, signature: Any, args:
             for j in range(nvec):
                 _, _, bias, mult = cols[j]
                 acc = builder.add(builder.load(accs[r][j]), builder.load(terms[j]))
-                q = builder.trunc(requant(builder, acc, bias, mult, qmin, qmax, zp), VB)
+                q = builder.trunc(requant(builder, acc, bias, mult, lo, hi, zp_f, mode), VB)
                 ptr = builder.bitcast(builder.gep(row, [ir.Constant(intp, 16 * j)]),
                                       VB.as_pointer())
                 full = builder.icmp_signed(">=", lanes[j], ir.Constant(intp, 16))
@@ -261,10 +255,7 @@ def _k_loop(builder: ir.IRBuilder, rows: list[ir.Value], b0: ir.Value, kc4: ir.V
         k4 = builder.mul(k, ir.Constant(intp, 4))
         for r, row in enumerate(rows):
             aptr = builder.bitcast(builder.gep(row, [k4]), _I32.as_pointer())
-            ai = builder.load(aptr, align=1)
-            undef = ir.Constant(_V16, ir.Undefined)
-            splat_a = builder.insert_element(undef, ai, ir.Constant(_I32, 0))
-            splat_a = builder.shuffle_vector(splat_a, undef, ir.Constant(_V16, None))
+            splat_a = splat(builder, builder.load(aptr, align=1), _V16)
             for j in range(nvec):
                 cur = builder.load(accs[r][j])
                 builder.store(builder.call(dot, [cur, splat_a, bvecs[j]]), accs[r][j])

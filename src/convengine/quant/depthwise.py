@@ -18,7 +18,7 @@ three: anything) against zero weights. Weights are packed (:func:`pack_weights`)
 x_t`` added through a second ``vpdpbusd`` on ones; ``wterm = T * wzp - sum_t w_t``
 (int32 arithmetic wraps, and the true sum fits, so the result is exact). Modes 0 and 1
 requantize 16 channels at a time exactly as ``kernels._epilogue`` (see
-:func:`requant_codegen`, :func:`requant_i32_codegen`); the raw accumulator (mode 2)
+:func:`convengine.quant._ir.requant`); the raw accumulator (mode 2)
 goes through ``_epilogue`` per value. Each row kernel call covers several output rows
 (about 32 pixels); workers take rows from an atomic counter;
 :func:`conv_depthwise_vnni_serial` is the same without threads, for layers below
@@ -40,17 +40,18 @@ from numba.extending import intrinsic
 
 from .._host import FEATURES
 from .._kernel_cache import kernel
+from ..algorithms.fma import splat
+from ..epilogue_codes import Epilogue
 from ._ir import (
     LANES,
     VB,
     VF,
     VI,
+    bounds,
     lane_mask,
     masked_load,
     masked_store,
-    requant_codegen,
-    requant_i32_codegen,
-    splat,
+    requant,
 )
 from .kernels import _epilogue
 
@@ -290,7 +291,7 @@ def _load_vec(builder: ir.IRBuilder, base: ir.Value, idx: ir.Value, vty: ir.Type
     return builder.load(builder.bitcast(builder.gep(base, [idx]), vty.as_pointer()), align=4)
 
 
-def _make_row_kernel(requant: bool) -> Any:
+def _make_row_kernel(requantize: bool) -> Any:
     """An intrinsic that runs 16 channels (``c .. c + 15``) of ``nrows`` output rows:
     for ``r < nrows``, ``ow < ow_n`` the int32 lanes
 
@@ -300,7 +301,7 @@ def _make_row_kernel(requant: bool) -> Any:
 
     with ``b = boff + r * rowbuf + ow * step``, go to
     ``dst[doff + (r * ow_n + ow) * dstride:][:16]``: requantized (lanes < n, 8-bit:
-    :func:`requant_codegen`, or :func:`requant_i32_codegen` for an int32 ``bias``) or
+    :func:`~convengine.quant._ir.requant`, ONNX's for an int32 ``bias``) or
     as int32. The 3 x 3 case
     (ngroups 1, kw_n 3) keeps its three weight vectors in registers."""
 
@@ -333,8 +334,10 @@ def _make_row_kernel(requant: bool) -> Any:
             init = builder.mul(_load_vec(builder, arr[11].data, c_v, VI),
                                splat(builder, builder.trunc(xzp_v, _I32), VI))
             wzp_vec = _load_vec(builder, arr[12].data, c_v, VI)
-            onnx = isinstance(signature.args[15].dtype, types.Integer)  # int32 bias: mode 1
-            if requant:
+            onnx = isinstance(signature.args[15].dtype, types.Integer)  # int32 bias: ONNX's
+            mode = Epilogue.REQUANT_INT32 if onnx else Epilogue.REQUANT_FLOAT
+            if requantize:
+                lo, hi, zp_f = bounds(builder, qmin_v, qmax_v, zp_v)
                 bias_vec = _load_vec(builder, arr[15].data, c_v, VI if onnx else VF)
                 mult_vec = _load_vec(builder, arr[16].data, c_v, VF)
                 mask = lane_mask(builder, n_v)
@@ -378,9 +381,8 @@ def _make_row_kernel(requant: bool) -> Any:
                     if use_wzp:
                         acc = builder.sub(acc, builder.mul(wzp_vec, xs))
                     at = builder.gep(dst_p, [builder.add(doff_v, builder.mul(pixel, dstride_v))])
-                    if requant:
-                        q = (requant_i32_codegen if onnx else requant_codegen)(
-                            builder, acc, bias_vec, mult_vec, qmin_v, qmax_v, zp_v)
+                    if requantize:
+                        q = requant(builder, acc, bias_vec, mult_vec, lo, hi, zp_f, mode)
                         masked_store(builder, builder.trunc(q, VB), at, mask)
                     else:
                         builder.store(acc, builder.bitcast(at, VI.as_pointer()), align=4)
@@ -399,7 +401,7 @@ def _make_row_kernel(requant: bool) -> Any:
 
         return sig, codegen
 
-    row_kernel.__name__ = "dw_row_requant" if requant else "dw_row_acc"
+    row_kernel.__name__ = "dw_row_requant" if requantize else "dw_row_acc"
     return intrinsic(row_kernel)
 
 

@@ -31,7 +31,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .._kernel_cache import kernel
-from ._avx2 import _requant, store_bytes
+from ..epilogue_codes import Epilogue
+from ._avx2 import store_bytes
+from ._ir import requant
 from .cpu import HAS_AVX2
 from .depthwise import _row_source
 
@@ -63,7 +65,7 @@ def _block(width: int, nvec: int, stride: int = 0) -> Any:
     form for 3-wide kernel rows at column dilation 1 and that stride (``pix == stride *
     tap``, ``kw == 3``), which widens each input column of a row once for every pixel
     that reads it (half the conversions at stride 1) where the general form widens
-    one per pixel and tap. ``requant``: ``_avx2._requant`` of
+    one per pixel and tap. ``requant``: :func:`~convengine.quant._ir.requant` of
     the (exact) sum with ``bias`` and ``mult`` at ``c0`` (float32 ``bias``: mode 0;
     int32: mode 1), ``lo``, ``hi``, ``zp``. Arrays only, no raw addresses: with the
     rows' addresses taken by numba's ``.ctypes.data`` in the kernel, a PyTorch benchmark
@@ -144,18 +146,16 @@ def _block(width: int, nvec: int, stride: int = 0) -> Any:
                 base = builder.select(inside, builder.gep(src_p, [offset]), zero_p)
                 row = builder.gep(base, [col_v])
                 (shared_columns if stride else every_tap)(r, row)
-            if onnx:
-                lo_q, hi_q, zp_q = lo_v, hi_v, zp_v
-            else:
-                lo_q, hi_q, zp_q = (builder.fptrunc(v, _F32) for v in (lo_v, hi_v, zp_v))
+            lo_q, hi_q, zp_q = (builder.fptrunc(v, _F32) for v in (lo_v, hi_v, zp_v))
+            mode = Epilogue.REQUANT_INT32 if onnx else Epilogue.REQUANT_FLOAT
             out_base = builder.bitcast(arrays[0], byte_ptr)
             consts = [(builder.load(vector_at(arrays[14], channel(v), _VI if onnx else _VF),
                                     align=4),
                        builder.load(vector_at(arrays[15], channel(v), _VF), align=4))
                       for v in range(nvec)]
             for b in range(width):
-                qs = [_requant(builder, builder.fptosi(builder.load(accs[b][v]), _VI),
-                               *consts[v], lo_q, hi_q, zp_q, onnx) for v in range(nvec)]
+                qs = [requant(builder, builder.fptosi(builder.load(accs[b][v]), _VI),
+                              *consts[v], lo_q, hi_q, zp_q, mode) for v in range(nvec)]
                 at = builder.add(oo_v, builder.mul(const(b), ldo_v))
                 store_bytes(builder, qs, builder.gep(out_base, [at]),
                             signature.args[0].dtype.signed)
