@@ -202,7 +202,9 @@ def read_cache_sizes(root: Path = SYSFS_CPU,
     by_sysconf: dict[str, int] = {}
     if len(sysfs) < len(CACHE_DEFAULTS):
         glibc = platform.libc_ver()[0] == "glibc"
-        by_sysconf = _from_sysconf(sysconf or getattr(os, "sysconf", _no_sysconf), glibc)
+        if sysconf is None:
+            sysconf = getattr(os, "sysconf", _no_sysconf)
+        by_sysconf = _from_sysconf(sysconf, glibc)
     values, sources = {}, []
     for name, default in CACHE_DEFAULTS.items():
         if name in sysfs:

@@ -24,6 +24,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict
 from functools import partial
 from statistics import median
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ from .warmup import warmup
 
 if TYPE_CHECKING:
     from .bench.suites import Layer
+    from .peak import Peak
 
 _NUMBER = re.compile(r"^-?[\d.,]+x?$|^-$")
 PASS_ALIASES = {"fwd": "forward", "bwd_data": "backward_data", "bwd_weight": "backward_weight",
@@ -271,10 +273,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             ) from None
         torch.set_num_threads(args.threads)
     passes, layers = _passes(args.pass_), _layers(args)
+    measured = _peak()
     work = [(la, p) for la in layers for p in passes]
     rows = [_bench_one(la, p, args, args.suite)
             for la, p in _progress(work, args, f"bench {args.suite}")]
     timed = [r for r in rows if "median_s" in r]
+    for r in timed:  # the suites are float32: the fraction of the FMA peak
+        r["peak_fraction"] = r["gflops"] / measured.fp32_gflops
     total = {"convengine_s": sum(r["median_s"] * r["count"] for r in timed)}
     compared = [r for r in timed if "ratio" in r]
     if compared:
@@ -284,29 +289,48 @@ def cmd_bench(args: argparse.Namespace) -> int:
         total["geomean_ratio"] = math.exp(sum(math.log(r["ratio"]) for r in compared)
                                           / len(compared))
     document = {"convengine": __version__, "host": keys.host_signature(),
-                "threads": args.threads, "suite": args.suite, "rows": rows, "total": total}
+                "threads": args.threads, "suite": args.suite, "peak": asdict(measured),
+                "rows": rows, "total": total}
     _emit_json(args.json, document)
     if args.json != "-":
-        print(_bench_report(rows, total, args))
+        print(_bench_report(rows, total, args, measured))
     return 0
 
 
+def _peak() -> Peak:
+    """The host's measured peak on the threads set (cached; see :mod:`convengine.peak`)."""
+    from . import peak
+
+    return peak.peak(threads.get_num_threads())
+
+
+def _peak_line(measured: Peak) -> str:
+    line = (f"measured peak on {measured.threads} threads: {measured.fp32_gflops:.0f} "
+            f"GFLOP/s float32 FMA")
+    if measured.int8_gops is not None:
+        line += f", {measured.int8_gops:.0f} GOPS int8 VNNI"
+    return line + (f" ({measured.note})" if measured.note else "")
+
+
 def _bench_report(rows: list[dict[str, Any]], total: dict[str, float],
-                  args: argparse.Namespace) -> str:
-    header = ["layer", "pass", "algo", "ms", "GFLOP/s"]
+                  args: argparse.Namespace, measured: Peak) -> str:
+    header = ["layer", "pass", "algo", "ms", "GFLOP/s", "% peak"]
     compare = any("ratio" in r for r in rows)
     if compare:
         header += ["torch ms", "torch layout", "vs torch"]
     table = []
     for r in rows:
         cells = [r["layer"], r["pass"], r["algo"] or "FAILED", _fmt_ms(r.get("median_s")),
-                 f"{r['gflops']:.1f}" if "gflops" in r else "-"]
+                 f"{r['gflops']:.1f}" if "gflops" in r else "-",
+                 f"{100 * r['peak_fraction']:.1f}" if "peak_fraction" in r else "-"]
         if compare:
             cells += [_fmt_ms(r.get("torch_median_s")), r.get("torch_layout", "-"),
                       f"{r['ratio']:.2f}x" if "ratio" in r else "-"]
         table.append(cells)
     lines = [f"convengine {__version__} bench: suite {args.suite}, {args.threads} threads, "
-             f"host {keys.host_signature()}", "convengine runs channels-last (NHWC) arrays"
+             f"host {keys.host_signature()}", _peak_line(measured),
+             "% peak: GFLOP/s as a percentage of the float32 peak (Winograd counted by "
+             "direct FLOPs: may exceed 100)", "convengine runs channels-last (NHWC) arrays"
              + ("; PyTorch the faster of NCHW and channels-last" if compare else ""),
              "", _table(table, header), ""]
     line = f"network total (layers x their count): convengine {total['convengine_s'] * 1e3:.1f} ms"
