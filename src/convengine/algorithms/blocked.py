@@ -30,7 +30,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .. import memory
+from .. import host_params, memory
 from .._host import ACCUMULATORS, VECTOR_BYTES, VECTOR_REGISTERS
 from .._kernel_cache import Source, load
 from ..epilogue_codes import CPU_STORE, Activation, names
@@ -65,12 +65,12 @@ PREFETCH_BYTES = 4096
 # enough for the hardware prefetchers (prefetching cost 28x28x192 -> 32 8%)
 PREFETCH_MAX_REDUCTION = 96
 EPILOGUE_ACTIVATIONS = names(CPU_STORE)  # what the forward's store applies
-# packed weights up to this size (L1): a forward task computes every output-channel
-# block of its tiles (each pixel's channels written at once: MobileNetV2's 16 -> 96
-# expansion at batch 8, 7.1 -> 5.2 ms single-threaded); larger ones go block by block,
-# whose weights then stay in L1 across tiles (at 256 KiB ResNet-50's 256 -> 128 1x1 at
-# 56x56 read 0.87x PyTorch per layer, 1.08x at 32 KiB)
-BLOCKS_INSIDE_BYTES = 32 << 10
+# packed weights up to this size (L1d, see host_params.blocks_inside_bytes): a forward
+# task computes every output-channel block of its tiles (each pixel's channels written
+# at once: MobileNetV2's 16 -> 96 expansion at batch 8, 7.1 -> 5.2 ms single-threaded);
+# larger ones go block by block, whose weights then stay in L1 across tiles (at 256 KiB
+# ResNet-50's 256 -> 128 1x1 at 56x56 read 0.87x PyTorch per layer, 1.08x at 32 KiB)
+BLOCKS_INSIDE_BYTES = host_params.blocks_inside_bytes()
 # pixels per gathered micro-tile of one vector of output channels (16 or fewer), not
 # the 24 its accumulators allow: each pixel's input row is a pointer the tile keeps,
 # and 24 of them spill from the general registers. MobileNetV2's 32 -> 16 1x1 at
@@ -81,8 +81,9 @@ ONE_VECTOR_ROWS = 8
 # cache lines (see _streams): their lines bypass the caches and are not read before
 # being written. Alternated in one process (Zen 4, 2 threads, ONNX sessions at batch
 # 8): MobileNetV2 1.033x as fast, ResNet-50 1.049x (rounds 1.00-1.09 and 0.95-1.08);
-# no batch-1 layer of either is this large. As depthwise.STREAMING_BYTES
-STREAMING_BYTES = 8 << 20
+# no batch-1 layer of either is this large. A quarter of L3 (8 MiB on Zen 4's 32 MiB,
+# see host_params.streaming_bytes), as depthwise.STREAMING_BYTES
+STREAMING_BYTES = host_params.streaming_bytes()
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, VEC)
 

@@ -36,6 +36,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .. import host_params
 from .._host import ACCUMULATORS, VECTOR_BYTES
 from .._kernel_cache import Source, load
 from ..problem import ConvProblem
@@ -50,7 +51,9 @@ VEC = VECTOR_BYTES // 4  # float32 lanes of a vector register
 # vectors per block that keep its MR x nvec accumulators in registers (4, 2, 1 with
 # AVX-512; 2, 1 with AVX2)
 NVECS = tuple(v for v in (4, 2, 1) if MR * v <= ACCUMULATORS)
-CHUNK_BYTES = 384 * 2**10  # x and dy bytes per chunk of pixels (a core's L2 holds it)
+# x and dy bytes per chunk of pixels: three eighths of a core's L2, 384 KiB of 1 MiB
+# (see host_params.weight_chunk_bytes)
+CHUNK_BYTES = host_params.weight_chunk_bytes()
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, VEC)
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
-from .. import memory, registry
+from .. import host_params, memory, registry
 from .._kernel_cache import Source, load
 from ..finite import nonfinite
 from ..problem import ConvProblem
@@ -63,7 +63,9 @@ IDENTITY = ([[1.0]], [[1.0]], [[1.0]])  # the height transform of a 1-D problem
 # layer); at 256 MiB the step cycled through the LRU and recomputed every transform
 # (measured, batch 8: 520 of its 2,260 ms in Winograd calls)
 CACHE_BYTES = 1 << 30
-BLOCK_BYTES = 2**19  # transformed tiles + products of one block (per thread, in L2)
+# transformed tiles + products of one block (per thread): half of L2, 512 KiB on a
+# 1 MiB L2 (see host_params.winograd_block_bytes)
+BLOCK_BYTES = host_params.winograd_block_bytes()
 CACHED_U_BYTES = 2**21  # a thread's share of the packed weights above this: streamed ...
 REUSE_TILES = 36  # ... once per block, so blocks of at least this many tiles
 CHAIN = 128  # input channels summed serially before a partial sum is added (accuracy)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from .. import nan_rule, registry
+from .. import host_params, nan_rule, registry
 from ..errors import ConvSetupError
 from ..problem import ConvProblem
 from ..threads import get_num_threads, run_parallel, single_threaded_blas
@@ -39,7 +39,7 @@ from .program import Chain, Program, TensorSpec
 ENGINES = ("fused", "partly_fused", "unfused")  # every graph kind
 KERNEL_FUSED = "kernel_fused"  # int8 chains only: the epilogue inside the kernel's store
 INT_ALGO = "int8_exact"
-TILE_BYTES = 1 << 20  # fused tiles: about half of one core's L2
+TILE_BYTES = host_params.fused_tile_bytes()  # fused tiles: one core's L2 (1 MiB on Zen 4)
 MIN_TILE_PIXELS = 64  # ... but never fewer output pixels (GEMM efficiency, weight reuse)
 TILES_PER_THREAD = 2  # ... and enough tiles to keep every thread busy
 

@@ -38,6 +38,7 @@ import functools
 import numpy as np
 from numba import njit, prange
 
+from .. import host_params
 from .._kernel_cache import kernel
 from ._amx import amx_32x32, amx_begin, amx_end
 from ._avx2 import MR as AVX2_MR
@@ -71,8 +72,12 @@ from ._vnni import (
 )
 
 PANEL_ROWS = 2 * MR  # portable kernel
-PANEL_BYTES = 384 * 1024  # VNNI im2col panel: about a fifth of a 2 MiB L2
-KC4_BLOCK = 64  # K chunk of 256 bytes: a 64-column weight block of 16 KiB stays in L1
+# VNNI im2col panel: three eighths of a core's L2, 384 KiB of 1 MiB (see
+# host_params.vnni_panel_bytes)
+PANEL_BYTES = host_params.vnni_panel_bytes()
+# K chunk in groups of 4 bytes: a 64-column weight block of half of L1d stays in L1
+# (64 groups, 16 KiB of a 32 KiB L1d; see host_params.vnni_k_block)
+KC4_BLOCK = host_params.vnni_k_block()
 
 
 @njit(inline="always")
