@@ -20,6 +20,7 @@ from convengine.quant import HAS_AMX, HAS_VNNI, cpu, depthwise_avx2
 from convengine.quant import depthwise as depthwise_kernels
 from convengine.quant.cpu import HAS_AVX2
 
+
 @pytest.fixture
 def force_int8_path():
     """A function that forces the int8 path for this test (undone after it)."""
@@ -157,7 +158,14 @@ def _case_id(c):
     return f"{c[0]}d-C{c[2]}-O{c[3]}-g{c[9]}-{c[10]}x{c[11]}"
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def _slow_but(values, fast, ids=None):
+    """``values`` as pytest params, those not at the indices ``fast`` marked slow."""
+    return [pytest.param(v, id=None if ids is None else ids(v),
+                         marks=() if i in fast else pytest.mark.slow)
+            for i, v in enumerate(values)]
+
+
+@pytest.mark.parametrize("case", _slow_but(CASES, (0, 3, 10), _case_id))
 @pytest.mark.parametrize("path", PATHS + ["depthwise"])
 def test_against_int64_reference(case, path):
     rng = np.random.default_rng(hash(case) % 2**32)
@@ -220,8 +228,8 @@ DEPTHWISE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", DEPTHWISE_CASES,
-                         ids=lambda c: f"{c[0]}d-C{c[2]}-k{c[4]}-{c[8]}-wzp{c[10]}")
+@pytest.mark.parametrize("case", _slow_but(
+    DEPTHWISE_CASES, (3, 9), lambda c: f"{c[0]}d-C{c[2]}-k{c[4]}-{c[8]}-wzp{c[10]}"))
 @pytest.mark.parametrize("int8_path, serial_max", [("auto", None), ("auto", 0),
                                                    ("avx2", 10**12), ("avx2", 0),
                                                    ("portable", None)],
@@ -292,10 +300,12 @@ def test_depthwise_requantization_ties_and_saturation(c):
 
 
 @pytest.mark.parametrize("data", ["below-128", "5%-high", "40%-high", "all-saturating"])
-@pytest.mark.parametrize("c,o,size,k,stride,pad", [(64, 32, 9, 3, 1, 1), (5, 16, 8, 3, 2, 0),
-                                                   (130, 48, 6, 3, 1, 1), (64, 64, 7, 1, 1, 0),
-                                                   (6, 16, 5, 1, 1, 0)],
-                         ids=["3x3", "3x3-s2-K45", "3x3-K1170", "1x1-in-place", "1x1-C6"])
+@pytest.mark.parametrize("c,o,size,k,stride,pad", [
+    pytest.param(64, 32, 9, 3, 1, 1, id="3x3", marks=pytest.mark.slow),
+    pytest.param(5, 16, 8, 3, 2, 0, id="3x3-s2-K45"),
+    pytest.param(130, 48, 6, 3, 1, 1, id="3x3-K1170", marks=pytest.mark.slow),
+    pytest.param(64, 64, 7, 1, 1, 0, id="1x1-in-place", marks=pytest.mark.slow),
+    pytest.param(6, 16, 5, 1, 1, 0, id="1x1-C6")])
 def test_avx2_u8s8_path(c, o, size, k, stride, pad, data, monkeypatch):
     """AVX2's vpmaddubsw tiles on raw bytes, their saturated pairs found and added back:
     exact against the int64 reference for x below 128 (nothing to add back), a few and
@@ -594,15 +604,17 @@ def test_nhwc_copy(dtype):
 @pytest.mark.skipif(not HAS_VNNI, reason="the implicit-GEMM kernel is a VNNI kernel")
 @pytest.mark.parametrize("n,c,o,h,w,k,pad,s,threads", [
     (1, 8, 72, 9, 13, 3, 1, 1, 2),     # ragged width (13 = 2 x 6 + 1), ragged O
-    (2, 16, 130, 7, 7, 3, 1, 1, 2),    # three column blocks, column parts, batch 2
-    (1, 4, 64, 6, 11, (1, 3), (0, 2), 1, 1),
-    (1, 12, 70, 8, 9, 5, 2, 1, 2),
-    (1, 12, 64, 8, 9, 5, 2, 1, 2),
-    (1, 32, 64, 5, 5, 3, 0, 1, 2),     # no padding
-    (1, 8, 64, 15, 16, 3, 1, 2, 2),    # stride 2, odd height
-    (2, 4, 100, 9, 12, (3, 2), (1, 0), (1, 3), 2),
-    (1, 3, 64, 20, 17, 7, 3, 2, 2),    # a 3-channel stem: channels padded to 4
-    (1, 6, 64, 9, 14, 3, 1, 2, 1),
+    *[pytest.param(*case, marks=pytest.mark.slow) for case in [
+        (2, 16, 130, 7, 7, 3, 1, 1, 2),    # three column blocks, column parts, batch 2
+        (1, 4, 64, 6, 11, (1, 3), (0, 2), 1, 1),
+        (1, 12, 70, 8, 9, 5, 2, 1, 2),
+        (1, 12, 64, 8, 9, 5, 2, 1, 2),
+        (1, 32, 64, 5, 5, 3, 0, 1, 2),     # no padding
+        (1, 8, 64, 15, 16, 3, 1, 2, 2),    # stride 2, odd height
+        (2, 4, 100, 9, 12, (3, 2), (1, 0), (1, 3), 2),
+        (1, 3, 64, 20, 17, 7, 3, 2, 2),    # a 3-channel stem: channels padded to 4
+        (1, 6, 64, 9, 14, 3, 1, 2, 1),
+    ]],
 ])
 def test_implicit_gemm_against_int64_reference(n, c, o, h, w, k, pad, s, threads,
                                                monkeypatch):
