@@ -157,6 +157,7 @@ def test_environment_reads_follow_os_environ(monkeypatch):
     assert environment.get("CONVENGINE_CACHE_DIR", "") == "/tmp/caf\u00e9"
 
 
+@pytest.mark.slow
 def test_a_remembered_depthwise_call_holds_the_plan_for_its_thread_count():
     """direct binds its depthwise plan to the remembered call; a new thread count makes
     a new entry with the plan for it (serial at 1 thread, two row blocks at 2)."""

@@ -101,7 +101,8 @@ def _auto_choice(pass_, x, w, kw, y_shape) -> str:
 
 
 @pytest.mark.parametrize("pass_", ["forward", "backward_data", "backward_weight"])
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=() if i < 12 else pytest.mark.slow)
+                                  for i, c in enumerate(CASES)])  # the first 12 in the fast tier
 def test_every_algorithm_matches_reference(case: Case, pass_: str):
     x, w, kw = case.build()
     y_shape = ce.explain(x, w, **kw).problem.y_shape()

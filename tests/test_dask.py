@@ -166,6 +166,7 @@ def _small_problem():
     return x, w, dict(stride=2, padding="same", algo="reference")
 
 
+@pytest.mark.slow
 def test_processes_scheduler():
     x, w, kw = _small_problem()
     y = ced.conv(_dask(x, ((4, 7), (5, 4))), w, **kw).compute(scheduler="processes",
@@ -173,6 +174,7 @@ def test_processes_scheduler():
     np.testing.assert_array_equal(y, ce.conv(x, w, **kw))
 
 
+@pytest.mark.slow
 def test_distributed_local_cluster():
     distributed = pytest.importorskip("distributed")
     x, w, kw = _small_problem()

@@ -160,10 +160,14 @@ def depthwise_threads(request, monkeypatch):
     api._CALLS.clear()  # remembered calls hold their plans
 
 
+DEPTHWISE_FAST = ("c16-3x3", "c17-stride2", "c40-unpadded-w13", "c64-w1")  # in the fast tier
+
+
 @pytest.mark.parametrize("depthwise_threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize(("xs", "k", "args"), [c[1:] for c in DEPTHWISE],
-                         ids=[c[0] for c in DEPTHWISE])
+@pytest.mark.parametrize(("xs", "k", "args"), [
+    pytest.param(*c[1:], id=c[0], marks=() if c[0] in DEPTHWISE_FAST else pytest.mark.slow)
+    for c in DEPTHWISE])
 def test_depthwise_kernels_forward_and_backward_data(xs, k, args, dtype,
                                                       depthwise_threads) -> None:
     from convengine.algorithms import depthwise
@@ -192,6 +196,7 @@ STREAMED = [("c16-3x3", "float32"), ("c48-stride21-dil12", "float32"),
 
 @pytest.mark.parametrize("depthwise_threads", [2], indirect=True)
 @pytest.mark.parametrize(("name", "dtype"), STREAMED, ids=[f"{n}-{d}" for n, d in STREAMED])
+@pytest.mark.slow
 def test_depthwise_streaming_stores_match_the_reference(name, dtype, depthwise_threads,
                                                         monkeypatch) -> None:
     """Every output large enough to stream (threshold 0): y is written with non-temporal

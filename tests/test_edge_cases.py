@@ -68,6 +68,7 @@ def test_zero_batch_gives_empty_results_of_the_right_shape(layout):
 
 
 @pytest.mark.parametrize("special", [np.nan, np.inf, -np.inf])
+@pytest.mark.slow
 def test_nan_and_inf_propagate_as_ieee_says(special):
     rng = np.random.default_rng(19)
     x = rng.standard_normal((1, 2, 7, 7)).astype(np.float32)

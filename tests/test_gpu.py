@@ -149,6 +149,7 @@ QCASES = [  # (x dtype, w dtype, groups, algo, bias mode, out dtype)
 
 
 @pytest.mark.parametrize("xdt,wdt,groups,algo,mode,odt", QCASES)
+@pytest.mark.slow
 def test_qconv_bit_exact_with_cpu(xdt: type, wdt: type, groups: int, algo: str, mode: str,
                                   odt: type) -> None:
     x, w = _q((2, 8, 7, 9), xdt), _q((8, 8 // groups, 3, 3), wdt)
@@ -193,6 +194,7 @@ def test_bad_requests_are_setup_errors() -> None:
         ce.conv(x, w.half(), algo=GEMM)
 
 
+@pytest.mark.slow
 def test_cpu_calls_import_neither_triton_nor_the_gpu_kernels() -> None:
     code = ("import sys, numpy as np, convengine as ce; "
             "ce.conv(np.ones((1, 2, 4, 4), np.float32), np.ones((3, 2, 3, 3), np.float32)); "

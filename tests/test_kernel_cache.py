@@ -70,6 +70,7 @@ def _run(cache_dir: Path, k: int) -> tuple[int, int, list[float]]:
     return int(hits), int(misses), list(map(float, values))
 
 
+@pytest.mark.slow
 def test_a_later_process_loads_the_compiled_kernel(cache: Path) -> None:
     assert _run(cache, 3)[1:] == (1, [1.0, 4.0, 7.0])
     hits, misses, values = _run(cache, 3)
@@ -130,6 +131,7 @@ def test_an_unreadable_entry_is_compiled_elsewhere_with_one_warning(cache: Path)
     assert len(caught) == 1 and "cannot be read" in str(caught[0].message)
 
 
+@pytest.mark.slow
 def test_several_processes_filling_the_cache_at_once(cache: Path) -> None:
     root = Path(__file__).parent.parent
     code = ("import numpy as np; from tests.test_kernel_cache import _source; "
@@ -207,6 +209,7 @@ def test_warmup_compiles_without_tuning_unless_asked(tmp_path: Path,
         ce.warmup(int8=problems[1:])
 
 
+@pytest.mark.slow
 def test_warmup_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                         capsys: pytest.CaptureFixture[str]) -> None:
     from convengine import cli

@@ -488,6 +488,7 @@ def _ort(model_bytes, x):
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["legacy", "dynamo"])
 @pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2"])
+@pytest.mark.slow
 def test_exported_float_model_matches_onnxruntime(exported, name, dynamo):
     if dynamo:
         pytest.importorskip("onnxscript")
@@ -668,6 +669,7 @@ def _qconv_node(name, x, c, o, k, dtype, rng, inits):
 @pytest.mark.parametrize("case", ["later_conv_is_b", "later_conv_is_a", "graph_input",
                                   "depthwise", "broadcast", "int8", "fed_twice",
                                   "channels_in_16s"])
+@pytest.mark.slow
 def test_qlinear_add_fused_into_its_conv_matches_onnxruntime(case):
     """QLinearConv -> QLinearAdd runs as one step (the add in the conv's kernel: im2col
     1x1, implicit-GEMM 3x3, on AVX2 the int16 tiles' or, with output channels in 16s,

@@ -165,6 +165,7 @@ def test_python_threads_call_at_once() -> None:
     assert errors == []
 
 
+@pytest.mark.slow
 def test_numba_pool_waits_passively_and_env_is_restored() -> None:
     """The system libgomp numba loads was loaded with OMP_WAIT_POLICY=PASSIVE (it runs
     convengine's kernels where PyTorch is absent), the variable did not stay in the
@@ -204,6 +205,7 @@ def test_user_wait_policy_is_kept() -> None:
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in done.stderr
 
 
+@pytest.mark.slow
 def test_forked_children_can_convolve() -> None:
     """multiprocessing's fork start after kernels ran: the children convolve (one
     thread each) and Pool.map returns instead of hanging."""
@@ -247,6 +249,7 @@ def test_spin_setting(value, expected) -> None:
     assert (done.returncode == 0) == value.isdigit()
 
 
+@pytest.mark.slow
 def test_kernels_share_pytorchs_openmp_threads() -> None:
     """Where PyTorch is present, convengine's kernels run on PyTorch's own OpenMP
     threads: the worker that did PyTorch's parallel work does convengine's too."""

@@ -73,6 +73,7 @@ def test_a_second_process_reuses_the_first_ones_results(tmp_path):
     assert max(first["worst"], second["worst"]) < 2e-5
 
 
+@pytest.mark.slow
 def test_processes_tuning_at_once(tmp_path):
     import sqlite3
 

@@ -84,6 +84,7 @@ def test_forward_and_backward_data(xs, o, pad, layout, algo) -> None:
     assert_rel_close(ce.conv_backward_data(dy, w, x.shape, algo=algo, **kw), ref, TOLERANCE[algo])
 
 
+@pytest.mark.slow
 def test_float64_is_near_exact() -> None:
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((2, 6, 13, 10)), rng.standard_normal((5, 6, 3, 3))

@@ -152,6 +152,7 @@ def test_conv_integer_per_channel(x_dtype):
 
 
 @pytest.mark.parametrize("x_dtype", [np.uint8, np.int8])
+@pytest.mark.slow
 def test_qlinear_conv_per_channel(x_dtype):
     _quantized_or_skip()
     rng = np.random.default_rng(3)
