@@ -98,6 +98,7 @@ def test_suites_load_with_the_subcommand_and_the_help_names_them_all(capsys):
     assert code == 2 and "--suite: unknown value 'vgg'" in err
 
 
+@pytest.mark.slow
 def test_tune_fills_the_cache_and_show_lists_it(capsys):
     argv = ("tune", "--suite", "conv1d", "--layers", "conformer.pw2", "--pass", "fwd,bwd_data")
     doc = run_json(capsys, *argv, "--quiet")
@@ -112,6 +113,7 @@ def test_tune_fills_the_cache_and_show_lists_it(capsys):
     assert code == 0 and "conv1d" not in out and "forward 1d NCHW float32 k1" in out
 
 
+@pytest.mark.slow
 def test_bench_reports_every_layer(capsys):
     doc = run_json(capsys, "bench", "--suite", "conv1d", "--layers", "conformer", "--batch",
                    "1", "--rounds", "3", "--quiet")
@@ -126,6 +128,7 @@ def test_bench_reports_every_layer(capsys):
     assert code == 0 and "network total" in out and "conformer.dw" in out
 
 
+@pytest.mark.slow
 def test_bench_compares_with_torch(capsys):
     pytest.importorskip("torch")
     doc = run_json(capsys, "bench", "--suite", "mobilenet_v2", "--layers", "s5.dw_first",
@@ -175,6 +178,7 @@ def test_cache_clear_replaces_a_corrupt_file(capsys, private_cache):
     assert code == 0 and "not a usable tuning database" in out and "removed the file" in out
 
 
+@pytest.mark.slow
 def test_console_script_entry_point(private_cache):
     from importlib.metadata import entry_points
 
@@ -187,6 +191,7 @@ def test_console_script_entry_point(private_cache):
     assert json.loads(proc.stdout)["entries"] == []
 
 
+@pytest.mark.slow
 def test_tune_recheck_measures_stored_choices_again(capsys, monkeypatch):
     from convengine.tune import bench
 

@@ -17,6 +17,7 @@ from convengine import cli  # noqa: E402
 from convengine.bench import demo  # noqa: E402
 
 
+@pytest.mark.slow
 def test_demo_two_epochs(tmp_path, capsys):
     assert cli.main(["demo", "--epochs", "2", "--seed", "0", "--out", str(tmp_path)]) == 0
     printed, said = capsys.readouterr()

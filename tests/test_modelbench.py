@@ -46,6 +46,7 @@ def test_unknown_modes_are_refused_before_anything_runs():
         modelbench.run(args)
 
 
+@pytest.mark.slow
 def test_the_sgd_mode_updates_the_weights_each_step():
     torch = pytest.importorskip("torch")
     threads = torch.get_num_threads()
