@@ -365,15 +365,15 @@ def test_avx2_int16_weights_packed_on_first_fallback(monkeypatch):
     """On the AVX2 path a call that takes the byte tiles packs no int16 weights; a later
     call whose x has many heavy pairs packs them and runs the int16 tiles, both exact
     against the int64 reference."""
-    from convengine.quant import api, prepack
+    from convengine.quant import plan, prepack
 
     if not HAS_AVX2:
         pytest.skip("no avx2 on this CPU")
     monkeypatch.setattr(cpu, "int8_path", lambda: "avx2")
     prepack.clear_cache()
     packed_paths = []
-    real = api.packed_weights
-    monkeypatch.setattr(api, "packed_weights",
+    real = plan.packed_weights
+    monkeypatch.setattr(plan, "packed_weights",
                         lambda *a: packed_paths.append(a[-1]) or real(*a))
     rng = np.random.default_rng(11)
     w = rng.integers(-128, 128, (32, 16, 3, 3)).astype(np.int8)
@@ -395,12 +395,12 @@ def test_int32_bias_requantization_ties_and_saturation(k, path, monkeypatch):
     GEMM; AVX2: conv_avx2) against the numpy form on exact .5 ties (multiplier 0.5, odd
     sums), sums that wrap int32 and values far outside the output range, a ragged last
     column block."""
-    from convengine.quant import api, kernels
+    from convengine.quant import kernels, plan
 
     if not {"vnni": HAS_VNNI, "avx2": HAS_AVX2}[path]:
         pytest.skip(f"no {path} on this CPU")
     monkeypatch.setattr(cpu, "int8_path", lambda: path)
-    monkeypatch.setattr(api, "IMPLICIT_MIN_WIDTH", 1)
+    monkeypatch.setattr(plan, "IMPLICIT_MIN_WIDTH", 1)
     calls = []
     real = kernels.conv_vnni_taps
     monkeypatch.setattr(kernels, "conv_vnni_taps", lambda *a: calls.append(1) or real(*a))
@@ -620,11 +620,11 @@ def test_implicit_gemm_against_int64_reference(n, c, o, h, w, k, pad, s, threads
                                                monkeypatch):
     """Ungrouped convs on uint8 with weight zero points 0 run conv_vnni_taps (no im2col):
     the same bytes as the int64 reference, padding, strides, ragged runs and all."""
-    from convengine.quant import api, kernels
+    from convengine.quant import kernels, plan
 
     monkeypatch.setattr(cpu, "int8_path", lambda: "vnni")
-    monkeypatch.setattr(api, "get_num_threads", lambda: threads)
-    monkeypatch.setattr(api, "IMPLICIT_MIN_WIDTH", 1)  # narrow outputs too, for the test
+    monkeypatch.setattr(plan, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(plan, "IMPLICIT_MIN_WIDTH", 1)  # narrow outputs too, for the test
     calls = []
     real = kernels.conv_vnni_taps
     monkeypatch.setattr(kernels, "conv_vnni_taps", lambda *a: calls.append(1) or real(*a))

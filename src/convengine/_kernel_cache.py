@@ -75,7 +75,7 @@ SUBDIR = "kernels"
 KERNEL_DIR_VARIABLE = "CONVENGINE_KERNEL_DIR"
 MODULE_PREFIX = _compile_log.MODULE_PREFIX
 _LITERALS = (int, float, bool, str)
-_KERNEL_CODE = ("convengine.algorithms.", "convengine.quant.")
+_KERNEL_CODE = ("convengine.algorithms.", "convengine.quant.", "convengine.epilogue_codes")
 
 
 class KernelCacheWarning(UserWarning):
