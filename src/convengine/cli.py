@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _kernel_cache, api, select, threads
+from . import _host, _kernel_cache, api, select, threads
 from ._version import __version__
 from .errors import ConvSetupError
 from .problem import PASSES, ConvProblem, make_problem
@@ -309,7 +309,8 @@ def _peak_line(measured: Peak) -> str:
             f"GFLOP/s float32 FMA")
     if measured.int8_gops is not None:
         line += f", {measured.int8_gops:.0f} GOPS int8 VNNI"
-    return line + (f" ({measured.note})" if measured.note else "")
+    line += f" ({measured.note})" if measured.note else ""
+    return f"{line}; caches {_host.CACHES.describe()}"
 
 
 def _bench_report(rows: list[dict[str, Any]], total: dict[str, float],
