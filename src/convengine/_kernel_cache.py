@@ -28,7 +28,8 @@ numba's on-disk cache in numba's places (``__pycache__`` next to the source,
 ``NUMBA_CACHE_DIR``), but its index is reset when any source file the module's kernels
 can inline changes (its own, and those of the intrinsics and jitted functions it
 calls, transitively), not only the function's own file, and each entry is keyed also
-on the instruction-set level (``_host.ISA``), so that processes run with and without
+on the instruction-set level (``_host.ISA``) and the cache-derived parameters
+(``host_params.key()``), so that processes run with and without
 ``CONVENGINE_ISA`` share one cache without loading each other's code.
 
 A :class:`Source` describes one kernel module: the globals of the module that
@@ -66,6 +67,7 @@ from . import (
     _compile_log,  # noqa: F401  (logs slow compilations)
     _host,
     config,
+    host_params,
 )
 from ._version import __version__
 
@@ -159,7 +161,7 @@ def fingerprint(home: str) -> str:
     h = hashlib.sha256()
     for part in (__version__, numba.__version__, llvmlite.__version__,
                  binding.get_host_cpu_name(), binding.get_host_cpu_features().flatten(),
-                 _host.ISA, sys.version, source_digest(home)):
+                 _host.ISA, host_params.key(), sys.version, source_digest(home)):
         h.update(part.encode() + b"\0")
     if home in _SOURCE_DIGESTS:  # not while a module it reads is half imported
         _FINGERPRINTS[home] = h.hexdigest()
@@ -328,7 +330,7 @@ class _ModuleCache(_RobustCache):
                                       py_func.__module__)
 
     def _index_key(self, sig: Any, codegen: Any) -> Any:
-        return (*super()._index_key(sig, codegen), _host.ISA)
+        return (*super()._index_key(sig, codegen), _host.ISA, host_params.key())
 
 
 def jit(fn: Callable[..., Any], **options: Any) -> Any:
