@@ -410,6 +410,21 @@ def details_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _tables(rows: list[dict[str, Any]], engines: list[str], kinds: list[str]) -> str:
+    onnx_engines = [e for e in ONNX_ENGINES if e in engines]
+    torch_engines = [e for e in TORCH_ENGINES if e in engines]
+    tables = []
+    if onnx_engines:
+        tables.append("ONNX files (" + ", ".join(kinds) + "), ms and peer / ours:\n\n"
+                      + onnx_table(rows, onnx_engines, kinds))
+    if torch_engines:
+        tables.append("PyTorch programs, ms and peer / ours:\n\n"
+                      + torch_table(rows, torch_engines))
+    tables.append("Per engine (first call: creation to first output; diff and equal "
+                  "against the reference):\n\n" + details_table(rows))
+    return "\n\n".join(tables)
+
+
 def host() -> dict[str, Any]:
     """The CPU (``lscpu``'s model name, family and model), load, versions."""
     cpu: dict[str, Any] = {"model_name": platform.processor(), "family": None, "model": None}
@@ -463,10 +478,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="channel width factor (small for a quick check)")
     p.add_argument("--size", type=int, default=224, help="image height and width")
     p.add_argument("--json", default=None, help="write the rows and the host here")
+    p.add_argument("--tables", default=None, metavar="JSON",
+                   help="print the tables of a run's --json file (a partial one too)")
     p.add_argument("--export-child", nargs=4, help=argparse.SUPPRESS)
     p.add_argument("--serve-child", nargs=9, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.serve_child or args.export_child:
+    if args.serve_child or args.export_child or args.tables:
         return args
     args.models = _split(args.models, MODELS, "--models")
     args.engines = _split(args.engines, ENGINES, "--engines")
@@ -489,6 +506,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _write(args: argparse.Namespace, argv: list[str] | None, info: dict[str, Any],
+           started: float, load_before: tuple[float, ...], rows: list[dict[str, Any]],
+           complete: bool) -> None:
+    command = ["bench/bench_peers.py", *(sys.argv[1:] if argv is None else argv)]
+    Path(args.json).write_text(json.dumps({
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)), **info,
+        "command": " ".join(command), "complete": complete,
+        "options": {k: getattr(args, k) for k in ("models", "batch", "engines", "kinds",
+                                                  "passes", "warmup", "rounds", "threads",
+                                                  "settle", "width", "size")},
+        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "wall_s": time.time() - started, "rows": rows}, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the tables (and write ``--json``); 0 on success, 2 for
     bad options."""
@@ -505,6 +536,10 @@ def main(argv: list[str] | None = None) -> int:
         e, path, model, width, batch, size, threads, warmup, out = args.serve_child
         _serve_child(e, path, model, float(width), int(batch), int(size), int(threads),
                      int(warmup), out)
+        return 0
+    if args.tables:
+        saved = json.loads(Path(args.tables).read_text())
+        print(_tables(saved["rows"], saved["options"]["engines"], saved["options"]["kinds"]))
         return 0
     started = time.time()
     onnx_engines = [e for e in ONNX_ENGINES if e in args.engines]
@@ -531,33 +566,21 @@ def main(argv: list[str] | None = None) -> int:
                 if torch_engines:
                     row["torch"] = _row(torch_engines, "", model, batch, args)
                 rows.append(row)
+                for kind, cells in row.items():
+                    if isinstance(cells, dict):
+                        print(f"  {model} batch {batch} {kind}: " + ", ".join(
+                            f"{e} {_fmt(c.get('ms'), 0)} ms (first {_fmt(c.get('first_s'))} s)"
+                            for e, c in cells.items()), file=sys.stderr)
                 print(f"  {model} batch {batch} done at {time.time() - started:.0f} s",
                       file=sys.stderr, flush=True)
+                if args.json:  # after every row: an interrupted run keeps its rows
+                    _write(args, argv, info, started, load_before, rows, complete=False)
     wall = time.time() - started
-    tables = []
-    if onnx_engines:
-        tables.append("ONNX files (" + ", ".join(args.kinds) + "), ms and peer / ours:\n\n"
-                      + onnx_table(rows, onnx_engines, args.kinds))
-    if torch_engines:
-        tables.append("PyTorch programs, ms and peer / ours:\n\n"
-                      + torch_table(rows, torch_engines))
-    tables.append("Per engine (first call: creation to first output; diff and equal "
-                  "against the reference):\n\n" + details_table(rows))
     load_after = os.getloadavg()
-    tables.append(f"wall {wall:.0f} s, load average {load_before[0]:.2f} before, "
-                  f"{load_after[0]:.2f} after")
-    print("\n\n".join(tables), flush=True)
+    print(_tables(rows, args.engines, args.kinds) + f"\n\nwall {wall:.0f} s, load average "
+          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)), **info,
-            "command": " ".join([os.path.relpath(sys.argv[0]) if argv is None else
-                                 "bench/bench_peers.py", *(sys.argv[1:] if argv is None
-                                                           else argv)]),
-            "options": {k: getattr(args, k) for k in ("models", "batch", "engines", "kinds",
-                                                      "passes", "warmup", "rounds", "threads",
-                                                      "settle", "width", "size")},
-            "load_average_before": load_before, "load_average_after": load_after,
-            "wall_s": wall, "rows": rows}, indent=1) + "\n")
+        _write(args, argv, info, started, load_before, rows, complete=True)
     return 0
 
 
