@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from numba import njit
+from ._kernel_cache import kernel
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc", "nsz", "contract"})
+@kernel(nogil=True, fastmath={"reassoc", "nsz", "contract"})
 def nonfinite(a):
     """Whether a holds a NaN or an infinity (0 * v is NaN exactly for those). The sum
     runs in a's dtype, reassociated, so that LLVM vectorises it."""

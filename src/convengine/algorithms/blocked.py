@@ -32,7 +32,7 @@ from numba.extending import intrinsic
 
 from .. import host_params, memory
 from .._host import ACCUMULATORS, VECTOR_BYTES, VECTOR_REGISTERS
-from .._kernel_cache import Source, load
+from .._kernel_cache import Source, kernel, load
 from ..epilogue_codes import CPU_STORE, Activation, names
 from ..problem import ConvProblem
 from ..registry import register
@@ -434,7 +434,7 @@ def _zero_border(xf, t, xp_shape, top, left, h_, w_):
     return start
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@kernel(parallel=True, nogil=True)
 def _pad_rows(x3, xp, top, left):
     """Copy x3 (N, H, W*C), C-contiguous, into xp (N, Hp, Wp, C) at offset (top, left),
     zeroing the rest: each row one contiguous run (a copy at memory speed; a row of
@@ -449,7 +449,7 @@ def _pad_rows(x3, xp, top, left):
             xf[start:start + wc] = x3[t // hp, t % hp - top]
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@kernel(parallel=True, nogil=True)
 def _pad_rows_strided(x, xp, top, left):
     """:func:`_pad_rows` for x (N, H, W, C) of any strides (an NCHW array seen as
     NHWC), read along its axis of the smaller stride."""
@@ -472,7 +472,7 @@ def _pad_rows_strided(x, xp, top, left):
                     xf[start + j * c_ + ch] = src[j, ch]
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@kernel(parallel=True, nogil=True)
 def _pad_rgb_planes(xn, xp, top, left):
     """:func:`_pad_rows` for three-channel x given as its C-contiguous NCHW planes xn
     (N, 3, H, W), interleaved with the channel count a constant (vectorized stores:
@@ -579,7 +579,7 @@ def unpack_weight(packed: np.ndarray, w_shape: tuple[int, ...]) -> np.ndarray:
     return np.ascontiguousarray(w4).reshape(w_shape)
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@kernel(parallel=True, nogil=True)
 def _pack_into(w, packed, lanes_inner):
     """packed[o // nr, a, b, k, o % nr] = w[o, a, b, k], reading along w's contiguous
     axis: k innermost, or with ``lanes_inner`` (a flipped view of w, contiguous in o)

@@ -24,9 +24,10 @@ generated kernels of ``depthwise_weight.py`` (backward-weight).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .. import memory
+from .._kernel_cache import kernel
 from ..problem import ConvProblem
 from ..registry import register
 from . import depthwise, depthwise_data
@@ -83,7 +84,7 @@ def _channel_weight(problem: ConvProblem, w: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- forward
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True, nogil=True)
 def direct_fwd_dense(x, wp, y, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # noqa: PLR0913
     """x (N,D,H,W,C), wp (G,KD,KH,KW,Cg,Og) -> y (N,OD,OH,OW,O), overwritten."""
     n_, d_, h_, w_, _ = x.shape
@@ -114,7 +115,7 @@ def direct_fwd_dense(x, wp, y, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # noqa: PLR
                 y[n, od, oh, ow, g * og:(g + 1) * og] = acc
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True, nogil=True)
 def direct_fwd_channel(x, wc, y, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # noqa: PLR0913
     """Channel-wise (C // g == 1): x (N,D,H,W,C), wc (KD,KH,KW,O) -> y (N,OD,OH,OW,O)."""
     n_, d_, h_, w_, c_ = x.shape
@@ -149,7 +150,7 @@ def direct_fwd_channel(x, wc, y, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # noqa: P
 # --------------------------------------------------------------------- backward data
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True, nogil=True)
 def direct_bwd_data_dense(dy, wt, dx, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # noqa: PLR0913
     """dy (N,OD,OH,OW,O), wt (G,KD,KH,KW,Og,Cg) -> dx (N,D,H,W,C), overwritten.
 
@@ -183,7 +184,7 @@ def direct_bwd_data_dense(dy, wt, dx, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # no
                                     out[g * cg + c] += gv * wt[g, kd, kh, kw, o, c]
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True, nogil=True)
 def direct_bwd_data_channel(dy, wc, dx, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # noqa: PLR0913
     """Channel-wise: dy (N,OD,OH,OW,O), wc (KD,KH,KW,O) -> dx (N,D,H,W,C)."""
     n_, od_, oh_, ow_, o_ = dy.shape
@@ -220,7 +221,7 @@ def direct_bwd_data_channel(dy, wc, dx, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # 
 # ------------------------------------------------------------------- backward weight
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True, nogil=True)
 def direct_bwd_weight_dense(x, dy, part, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # noqa: PLR0913
     """x (N,D,H,W,C), dy (N,OD,OH,OW,O) -> part (P,G,KD,KH,KW,Og,Cg): slice p of the
     output rows adds into part[p]; the caller sums over p."""
@@ -255,7 +256,7 @@ def direct_bwd_weight_dense(x, dy, part, sd, sh, sw, pd, ph, pw, dd, dh, dw):  #
                                         acc[g, kd, kh, kw, o, c] += gv * pix[g * cg + c]
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True, nogil=True)
 def direct_bwd_weight_channel(x, dy, part, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # noqa: PLR0913
     """Channel-wise: x (N,D,H,W,C), dy (N,OD,OH,OW,O) -> part (P,KD,KH,KW,O)."""
     n_, d_, h_, w_, c_ = x.shape

@@ -28,9 +28,9 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from .. import host_params, memory, registry
+from .. import _kernel_cache, host_params, memory, registry
 from .._kernel_cache import Source, load
 from ..finite import nonfinite
 from ..problem import ConvProblem
@@ -294,7 +294,7 @@ def packed_transform(w: np.ndarray, m: int) -> np.ndarray:
     return up
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@_kernel_cache.kernel(parallel=True, nogil=True)
 def _transform_into(w, gh, gw, up):
     """up[o // NR, i * aw + j, c, o % NR] = sum_kh gh[i, kh] sum_kw gw[j, kw]
     w[o, kh, kw, c] in float64 (zero for o >= O), parallel over (panel, channel), the

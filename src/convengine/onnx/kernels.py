@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import memory
+from .._kernel_cache import kernel
 from ..quant.kernels import qadd_value
 
 
@@ -38,7 +39,7 @@ def _quantized(v, scale, zp, lo, hi):  # pragma: no cover - compiled
     return min(max((v + magic) - magic + zp, lo), hi)
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@kernel(parallel=True, nogil=True)
 def _quantize_last(x, scale, zp, lo, hi, y):  # pragma: no cover - compiled
     n_, c_, h_, w_ = x.shape
     yf = y.reshape(-1)
@@ -73,7 +74,7 @@ def quantize_last(x: np.ndarray, scale: np.float32, zp: int, dtype: np.dtype) ->
     return y
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@kernel(parallel=True, nogil=True)
 def _qlinear_add(a, b, ra, rb, fixed, lo, hi, y):  # pragma: no cover - compiled
     n = a.size
     chunk = 16384
@@ -94,7 +95,7 @@ def qlinear_add(a: np.ndarray, b: np.ndarray, ra: np.float32, rb: np.float32,
     return y
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@kernel(parallel=True, nogil=True)
 def _max_pool_last(x, kh, kw, sh, sw, dh, dw, ph, pw, lowest, y):  # pragma: no cover
     n_, h_, w_, c_ = x.shape
     _, oh_, ow_, _ = y.shape
@@ -136,7 +137,7 @@ def max_pool_last(x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int
     return y
 
 
-@njit(nogil=True, cache=True)
+@kernel(nogil=True)
 def _pixel_sums(x, n, acc):  # pragma: no cover - compiled
     """acc[c] = sum over p of x[n, p, c] (x (N, P, C)), along memory."""
     acc[:] = 0
@@ -145,7 +146,7 @@ def _pixel_sums(x, n, acc):  # pragma: no cover - compiled
             acc[c] += x[n, p, c]
 
 
-@njit(nogil=True, cache=True)
+@kernel(nogil=True)
 def _channel_means(x, y):  # pragma: no cover - compiled
     acc = np.zeros(x.shape[2])
     for n in range(x.shape[0]):
@@ -164,7 +165,7 @@ def channel_means(x: np.ndarray) -> np.ndarray:
     return y
 
 
-@njit(nogil=True, cache=True)
+@kernel(nogil=True)
 def _qlinear_channel_means(x, x_zp, mult, y_zp, lo, hi, y):  # pragma: no cover - compiled
     acc = np.zeros(x.shape[2], np.int64)
     for n in range(x.shape[0]):
