@@ -24,7 +24,8 @@ from ..problem import ConvProblem
 from . import kernels, tuning
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-ACTIVATIONS = {None: Activation.NONE, **{a.label: a for a in GPU if a != Activation.NONE}}
+ACTIVATIONS: dict[str | None, Activation] = {
+    None: Activation.NONE, **{a.label: a for a in GPU if a != Activation.NONE}}
 
 
 @dataclass(frozen=True)

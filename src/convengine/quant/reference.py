@@ -44,7 +44,8 @@ def accumulate(x: np.ndarray, x_zp: int, w: np.ndarray, w_zp: np.ndarray,
         window = tuple(slice(k * d, k * d + s * (m - 1) + 1, s)
                        for k, d, s, m in zip(tap, dilation, stride, out, strict=True))
         patch = xd[(slice(None), *window)].reshape(x.shape[0], *out, groups, cg)
-        acc += np.einsum("...gc,goc->...go", patch, wg[(slice(None), slice(None), *tap)])
+        taps: tuple[slice | int, ...] = (slice(None), slice(None), *tap)
+        acc += np.einsum("...gc,goc->...go", patch, wg[taps])
     return _wrap32(acc.reshape(x.shape[0], *out, o))
 
 
