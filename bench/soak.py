@@ -264,8 +264,9 @@ class Soak:
                 outs.append(out.detach())
                 grads.append(next(iter(n.parameters())).grad.detach().clone())  # first conv's
         for what, (exact, eager, ours) in (("output", outs), ("conv1 grad", grads)):
-            bound = max(self.args.train_tol, 10 * self._rel(eager, exact))
-            self._float_check(r, ours, exact, what, bound)
+            eager_rel = self._rel(eager, exact)
+            self._float_check(r, ours, exact, f"{what} (eager float32 {eager_rel:.1e})",
+                              max(self.args.train_tol, 10 * eager_rel))
         return r
 
     def int8fx(self, model: str, seed: int, passes: int = 3) -> Result:
