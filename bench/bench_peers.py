@@ -1,6 +1,6 @@
 """convengine against the engines a user would pick instead, on whole networks.
 
-    python bench/bench_peers.py --json peers.json          # both tables (about 8 min on 2 cores)
+    python bench/bench_peers.py --json peers.json          # both tables (estimated 6 min idle, 2 cores)
     python bench/bench_peers.py --models mobilenet_v2 --batch 1 --engines onnxruntime,convengine
 
 Two tables, ResNet-50 and MobileNetV2 (:mod:`convengine.bench.models`, torchvision's
