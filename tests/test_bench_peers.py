@@ -78,7 +78,9 @@ def test_a_tiny_run_end_to_end(tmp_path, monkeypatch):
             cell = row[kind][name]
             assert not cell["error"], (kind, name, cell["error"])
             assert cell["ms"] > 0 and cell["first_s"] > 0
-            if kind == "int8" and name != "openvino":  # OpenVINO rounds differently
+            if kind == "int8" and name == "openvino":  # its own rounding: a step or two off
+                assert cell["diff"] < 0.05, (kind, name, cell["diff"])
+            elif kind == "int8":
                 assert cell["equal"] == 1.0, (kind, name)  # convengine: bit-exact with ORT
             else:
                 assert cell["diff"] < 1e-4, (kind, name, cell["diff"])
