@@ -103,26 +103,23 @@ _fp32_chains = _chains_intrinsic("fp32")
 _vnni_chains = _chains_intrinsic("vnni")
 
 
-@njit(nogil=True)
-def _fp32_serial(acc, reps):
-    _fp32_chains(acc[0], reps)
+def _runners(chains: Any) -> tuple[Any, Any]:
+    """(serial, parallel) kernels running ``chains`` on one accumulator row each."""
+
+    @njit(nogil=True)
+    def serial(acc, reps):
+        chains(acc[0], reps)
+
+    @njit(nogil=True, parallel=True)
+    def parallel(acc, reps):
+        for t in prange(acc.shape[0]):
+            chains(acc[t], reps)
+
+    return serial, parallel
 
 
-@njit(nogil=True, parallel=True)
-def _fp32_parallel(acc, reps):
-    for t in prange(acc.shape[0]):
-        _fp32_chains(acc[t], reps)
-
-
-@njit(nogil=True)
-def _vnni_serial(acc, reps):
-    _vnni_chains(acc[0], reps)
-
-
-@njit(nogil=True, parallel=True)
-def _vnni_parallel(acc, reps):
-    for t in prange(acc.shape[0]):
-        _vnni_chains(acc[t], reps)
+_fp32_serial, _fp32_parallel = _runners(_fp32_chains)
+_vnni_serial, _vnni_parallel = _runners(_vnni_chains)
 
 
 def _timed(fn: Any, acc: np.ndarray, reps: int) -> float:

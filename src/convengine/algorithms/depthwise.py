@@ -497,11 +497,7 @@ def depthwise2d_kernel(  # noqa: PLR0913
                  c0, sh, ph, pw, bias, act)
         return y
 
-    src.function(task, **NOALIAS)
-    src.function(kernel, "parallel", parallel=True, nogil=True)
-    src.function(kernel, "serial", nogil=True)
-    module = load(src)
-    _KERNELS[key] = (module.parallel, module.serial)
+    _KERNELS[key] = compile_tasks(src, task, kernel)
     return _KERNELS[key]
 
 
@@ -593,6 +589,17 @@ def _served(problem: ConvProblem) -> bool:
     """:func:`one_per_channel`, with at most MAX_TAPS taps (compile time grows with
     the unrolled taps)."""
     return one_per_channel(problem) and math.prod(problem.kernel) <= MAX_TAPS
+
+
+def compile_tasks(src: Source, task: Any, kernel: Any) -> tuple[Any, Any]:
+    """Compile a depthwise family's generated module: ``task`` (one block of work) and
+    ``kernel`` (the loop over blocks) as a parallel and a serial kernel; returns
+    (parallel, serial)."""
+    src.function(task, **NOALIAS)
+    src.function(kernel, "parallel", parallel=True, nogil=True)
+    src.function(kernel, "serial", nogil=True)
+    module = load(src)
+    return module.parallel, module.serial
 
 
 def _as2d(values: tuple[int, ...], lead: int) -> tuple[int, int]:

@@ -38,10 +38,10 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .._host import ACCUMULATORS
-from .._kernel_cache import Source, load
+from .._kernel_cache import Source
 from ..problem import ConvProblem
 from ..threads import get_num_threads
-from .depthwise import MAX_TAPS, NOALIAS, VECTOR_BYTES, _as2d, _served
+from .depthwise import MAX_TAPS, VECTOR_BYTES, _as2d, _served, compile_tasks
 from .fma import prefetch, splat, vector_ops
 
 # vectors of channels per register block: its KH*KW x NVEC accumulators stay in
@@ -280,11 +280,7 @@ def weight_kernel(
                     s += part[p, t, c]
                 dw[c, t] = s
 
-    src.function(task, **NOALIAS)
-    src.function(kernel, "parallel", parallel=True, nogil=True)
-    src.function(kernel, "serial", nogil=True)
-    module = load(src)
-    _KERNELS[key] = (module.parallel, module.serial)
+    _KERNELS[key] = compile_tasks(src, task, kernel)
     return _KERNELS[key]
 
 

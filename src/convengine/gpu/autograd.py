@@ -21,8 +21,18 @@ def _pairs(padding: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
     return tuple((int(lo), int(hi)) for lo, hi in padding)
 
 
-def _bias_grad(dy: torch.Tensor) -> torch.Tensor:
-    return dy.sum(dim=(0, *range(2, dy.dim())))
+def _weight_and_bias_grads(ctx: Any, a: torch.Tensor, b: torch.Tensor, w: torch.Tensor,
+                           dy: torch.Tensor) -> tuple[Any, Any]:
+    """(dw, db) as ``ctx`` needs them: dw the backward-weight pass of (a, b) (x and dy
+    for a conv, dy and x for a transposed one), db the sum of dy over all but its
+    channel dim."""
+    dw = db = None
+    if ctx.needs_input_grad[1]:
+        dw = dispatch.conv_backward_weight(a, b, w.shape, algo=ctx.conf["algo"],
+                                           **_geom(ctx.conf))
+    if ctx.needs_input_grad[2]:
+        db = dy.sum(dim=(0, *range(2, dy.dim())))
+    return dw, db
 
 
 class ConvFn(torch.autograd.Function):
@@ -42,15 +52,10 @@ class ConvFn(torch.autograd.Function):
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
         x, w = ctx.saved_tensors
         conf = ctx.conf
-        dx = dw = db = None
+        dx = None
         if ctx.needs_input_grad[0]:
             dx = dispatch.conv_backward_data(dy, w, x.shape, algo=conf["algo"], **_geom(conf))
-        if ctx.needs_input_grad[1]:
-            dw = dispatch.conv_backward_weight(x, dy, w.shape, algo=conf["algo"],
-                                               **_geom(conf))
-        if ctx.needs_input_grad[2]:
-            db = _bias_grad(dy)
-        return dx, dw, db, None
+        return (dx, *_weight_and_bias_grads(ctx, x, dy, w, dy), None)
 
 
 class ConvTransposeFn(torch.autograd.Function):
@@ -74,14 +79,9 @@ class ConvTransposeFn(torch.autograd.Function):
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
         x, w = ctx.saved_tensors
         conf = ctx.conf
-        dx = dw = db = None
+        dx = None
         if ctx.needs_input_grad[0]:
             dx = dispatch.conv(dy, w, algo=conf["algo"], **_geom(conf))
             if tuple(dx.shape) != tuple(x.shape):  # output_padding below the dilation
                 dx = dx[tuple(slice(0, n) for n in x.shape)]
-        if ctx.needs_input_grad[1]:
-            dw = dispatch.conv_backward_weight(dy, x, w.shape, algo=conf["algo"],
-                                               **_geom(conf))
-        if ctx.needs_input_grad[2]:
-            db = _bias_grad(dy)
-        return dx, dw, db, None, None
+        return (dx, *_weight_and_bias_grads(ctx, dy, x, w, dy), None, None)

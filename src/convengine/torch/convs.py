@@ -23,20 +23,6 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from .. import api, builders, devices
 from ..algorithms.weight_cache import transient
 
-__all__ = [
-    "Conv1d",
-    "Conv2d",
-    "Conv3d",
-    "ConvTranspose1d",
-    "ConvTranspose2d",
-    "ConvTranspose3d",
-    "conv",
-    "conv_transpose",
-    "from_numpy",
-    "replace_convs",
-    "to_numpy",
-]
-
 # ------------------------------------------------------------------ tensor <-> numpy
 
 
