@@ -21,6 +21,15 @@ def _pairs(padding: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
     return tuple((int(lo), int(hi)) for lo, hi in padding)
 
 
+def _save(ctx: Any, x: torch.Tensor, w: torch.Tensor, conf: dict[str, Any],
+          padding: tuple[tuple[int, int], ...]) -> dict[str, Any]:
+    """Keep x, w and ``conf`` with its padding resolved ("same" once) for backward."""
+    conf = {**conf, "padding": _pairs(padding)}
+    ctx.save_for_backward(x, w)
+    ctx.conf = conf
+    return conf
+
+
 def _weight_and_bias_grads(ctx: Any, a: torch.Tensor, b: torch.Tensor, w: torch.Tensor,
                            dy: torch.Tensor) -> tuple[Any, Any]:
     """(dw, db) as ``ctx`` needs them: dw the backward-weight pass of (a, b) (x and dy
@@ -42,9 +51,7 @@ class ConvFn(torch.autograd.Function):
     def forward(ctx: FunctionCtx, x: torch.Tensor, w: torch.Tensor,
                 bias: torch.Tensor | None, conf: dict[str, Any]) -> torch.Tensor:
         problem = builders.forward_problem(dispatch.meta(x), dispatch.meta(w), bias, **_geom(conf))
-        conf = {**conf, "padding": _pairs(problem.padding)}  # "same" resolved once
-        ctx.save_for_backward(x, w)
-        ctx.conf = conf  # type: ignore[attr-defined]
+        conf = _save(ctx, x, w, conf, problem.padding)
         return dispatch.conv(x, w, bias, algo=conf["algo"], **_geom(conf))
 
     @staticmethod
@@ -67,10 +74,8 @@ class ConvTransposeFn(torch.autograd.Function):
                 bias: torch.Tensor | None, conf: dict[str, Any],
                 output_padding: Any) -> torch.Tensor:
         problem = builders.transpose_problem(dispatch.meta(x), dispatch.meta(w), bias,
-                                        output_padding=output_padding, **_geom(conf))
-        conf = {**conf, "padding": _pairs(problem.padding)}
-        ctx.save_for_backward(x, w)
-        ctx.conf = conf  # type: ignore[attr-defined]
+                                             output_padding=output_padding, **_geom(conf))
+        conf = _save(ctx, x, w, conf, problem.padding)
         return dispatch.conv_transpose(x, w, bias, output_padding=output_padding,
                                        algo=conf["algo"], **_geom(conf))
 
