@@ -9,7 +9,7 @@ free shows) and compared with a reference:
   PyTorch (max |difference| / max |reference|);
 - ``fused_<model>``: ``optimize`` (BatchNorm folded, epilogues fused) against eager;
 - ``train_<model>``: one training step (forward, ``loss.backward()``; BatchNorm
-  statistics frozen) through ``replace_convs`` against the same step in float64: the
+  statistics frozen, no dropout) through ``replace_convs`` against the same step in float64: the
   output and the first conv's weight gradient;
 - ``int8fx_<model>``: FX int8 (x86 engine, per-channel) through
   ``replace_quantized_convs`` against PyTorch's own quantized model: the fraction of
@@ -241,7 +241,7 @@ class Soak:
         return r
 
     def train(self, model: str, seed: int) -> Result:
-        """One training step (frozen BatchNorm statistics, as in fine-tuning) against the
+        """One training step (frozen BatchNorm statistics, no dropout) against the
         same step in float64: the output and the first conv's weight gradient. A
         mismatch: past ``--train-tol`` and past 10x eager float32's own error."""
         import convengine.torch as cet
@@ -249,8 +249,10 @@ class Soak:
         torch, r = self.torch, Result()
         ref_net = self._net(model, seed).train()
         for m in ref_net.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.eval()  # train-mode BatchNorm over 2 images of a few pixels: ill-conditioned
+            # train-mode BatchNorm over 2 images of a few pixels is ill-conditioned, and
+            # dropout draws different masks in float64
+            if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.Dropout)):
+                m.eval()
         nets = (copy.deepcopy(ref_net).double(), ref_net,
                 cet.replace_convs(copy.deepcopy(ref_net)))
         x = self._input(seed, 2)
@@ -258,7 +260,6 @@ class Soak:
         with self.fx.running():
             for n in nets:
                 n.zero_grad(set_to_none=True)
-                torch.manual_seed(seed)  # the same dropout mask everywhere
                 out = n(x.to(next(iter(n.parameters())).dtype))
                 out.square().mean().backward()
                 outs.append(out.detach())

@@ -20,9 +20,10 @@ SOAK = Path(__file__).resolve().parents[1] / "bench" / "soak.py"
 @pytest.mark.slow
 def test_short_supervised_soak(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
-    # one round of the rotation (16 workloads) from two Python threads, a fork halfway
+    # one round of the rotation (16 workloads) from two Python threads, a fork halfway;
+    # size 64: ResNet-50's last stage 2x2 (train-mode BatchNorm needs more than 1 value)
     proc = subprocess.run(
-        [sys.executable, str(SOAK), "--supervise", "--iterations", "16", "--size", "32",
+        [sys.executable, str(SOAK), "--supervise", "--iterations", "16", "--size", "64",
          "--width", "0.25", "--threads-py", "2", "--report", str(report)],
         capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
