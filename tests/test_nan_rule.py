@@ -17,7 +17,7 @@ RNG = np.random.default_rng(7)
 def _serving(pass_: str, call, *args, **kwargs) -> dict[str, np.ndarray]:
     """Each algorithm's result (forced by name), plus auto's, where it can serve."""
     results = {}
-    for name in [*ce.algorithms(pass_), "auto"]:
+    for name in [*ce.list_algorithms(pass_), "auto"]:
         try:
             results[name] = call(*args, algo=name, **kwargs)
         except ce.ConvSetupError:
