@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 import convengine as ce
-from convengine.algorithms import blocked, blocked_weight, weight_cache
+from convengine.algorithms import weight_cache
+from convengine.algorithms.blocked import forward as blocked
+from convengine.algorithms.blocked import weight as blocked_weight
 from oracle import assert_close, random, reference
 
 # (id, x shape NHWC, w shape OHWI, conv args): stems, widths that are not a multiple

@@ -10,7 +10,9 @@ import pytest
 
 import convengine as ce
 from convengine import api, memory
-from convengine.algorithms import depthwise, depthwise_data, direct
+from convengine.algorithms import direct
+from convengine.algorithms.depthwise import data as depthwise_data
+from convengine.algorithms.depthwise import forward as depthwise
 from oracle import assert_close
 
 # (id, x shape NHWC, kernel, conv args, dtype, threads)

@@ -13,7 +13,7 @@ import pytest
 
 import convengine as ce
 from convengine import api
-from convengine.algorithms import depthwise_weight
+from convengine.algorithms.depthwise import weight as depthwise_weight
 from oracle import assert_close
 
 # (id, x shape NHWC, kernel, conv args, dtype, threads)

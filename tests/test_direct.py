@@ -145,7 +145,7 @@ def _nhwc(a: np.ndarray) -> np.ndarray:
 @pytest.fixture
 def depthwise_threads(request, monkeypatch):
     """1: the serial kernel; 2: the parallel kernel with two tasks (however small)."""
-    from convengine.algorithms import depthwise
+    from convengine.algorithms.depthwise import forward as depthwise
 
     monkeypatch.setattr(depthwise, "SERIAL_MACS", 0)
     previous = ce.get_num_threads()
@@ -170,7 +170,7 @@ DEPTHWISE_FAST = ("c16-3x3", "c17-stride2", "c40-unpadded-w13", "c64-w1")  # in 
     for c in DEPTHWISE])
 def test_depthwise_kernels_forward_and_backward_data(xs, k, args, dtype,
                                                       depthwise_threads) -> None:
-    from convengine.algorithms import depthwise
+    from convengine.algorithms.depthwise import forward as depthwise
 
     rng = np.random.default_rng(abs(hash((xs, k))) % 2**32)
     x, w, kw = _depthwise_case(xs, k, args, dtype, rng)
@@ -203,7 +203,7 @@ def test_depthwise_streaming_stores_match_the_reference(name, dtype, depthwise_t
     stores where C fills whole register blocks (NVEC vectors: 64 float32 channels, not
     16, 48 or 17, nor 40 float64, with AVX-512; 16-multiples with AVX2) and the width
     stride is 1 (not stride 3), same results."""
-    from convengine.algorithms import depthwise
+    from convengine.algorithms.depthwise import forward as depthwise
 
     monkeypatch.setattr(depthwise, "STREAMING_BYTES", 0)
     xs, k, args = next(c[1:] for c in DEPTHWISE if c[0] == name)
@@ -224,7 +224,7 @@ def test_depthwise_streaming_stores_match_the_reference(name, dtype, depthwise_t
 
 
 def test_depthwise_backward_data_uses_the_kernels_at_stride_1_only() -> None:
-    from convengine.algorithms import depthwise
+    from convengine.algorithms.depthwise import forward as depthwise
 
     x, w = np.zeros((1, 5, 5, 8), np.float32), np.zeros((8, 3, 3, 1), np.float32)
     unit = ce.explain(x, w, padding=1, groups=8, layout="NHWC").problem
@@ -258,7 +258,7 @@ def test_depthwise_reports_its_workspace(depthwise_threads) -> None:
     """The laid-out weights (9 taps x 8 channels, zero-padded to a whole vector: 16
     channels with AVX-512) and one buffer of padded input columns (3 rows x (6 - 1 + 3)
     columns x 8 channels) per task, float32."""
-    from convengine.algorithms import depthwise
+    from convengine.algorithms.depthwise import forward as depthwise
 
     x = np.zeros((1, 6, 6, 8), np.float32)
     w = np.zeros((8, 3, 3, 1), np.float32)
@@ -269,7 +269,7 @@ def test_depthwise_reports_its_workspace(depthwise_threads) -> None:
 
 
 def test_depthwise_runs_small_problems_on_the_calling_thread() -> None:
-    from convengine.algorithms import depthwise
+    from convengine.algorithms.depthwise import forward as depthwise
 
     previous = ce.get_num_threads()
     ce.set_num_threads(2)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from convengine import fused_epilogue
-from convengine.algorithms import blocked
+from convengine.algorithms.blocked import forward as blocked
 from convengine.epilogue_codes import CPU_STORE, FUSED, GPU, Activation, Epilogue
 
 BY_NAME = {  # float64 reference of each name

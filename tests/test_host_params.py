@@ -124,9 +124,12 @@ def test_values_scale_and_stay_usable(caches):
 
 
 def test_kernel_modules_use_the_derived_values():
-    from convengine.algorithms import blocked, blocked_weight, depthwise, winograd
+    from convengine.algorithms.blocked import forward as blocked
+    from convengine.algorithms.blocked import weight as blocked_weight
+    from convengine.algorithms.depthwise import forward as depthwise
+    from convengine.algorithms.winograd import kernels as winograd
     from convengine.graph import engines
-    from convengine.quant import kernels
+    from convengine.quant.dense import kernels
 
     d = host_params.derived()
     assert blocked.BLOCKS_INSIDE_BYTES == d["blocks_inside_bytes"]

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import convengine as ce
-import convengine.algorithms.blocked  # noqa: F401  (for its fingerprint)
+import convengine.algorithms.blocked.forward  # noqa: F401  (for its fingerprint)
 from convengine import _host, qconv
 from convengine import _kernel_cache as kc
 from oracle import assert_close, random, reference
@@ -120,7 +120,7 @@ def test_avx2_kernels_get_their_own_cache_entries(monkeypatch):
     """Generated kernels: a module name (fingerprint) of their own; numba's cache of the
     module kernels: an index key of its own. A cache shared by both levels never loads
     the other's vector width."""
-    home = "convengine.algorithms.blocked"
+    home = "convengine.algorithms.blocked.forward"
     code = f"""
         from convengine import _host, _kernel_cache as kc
         import {home}

@@ -255,17 +255,18 @@ def test_import_compiles_nothing() -> None:
 
 
 def test_module_kernels_cover_the_code_they_inline() -> None:
-    from convengine.quant import depthwise, kernels
+    from convengine.quant.dense import kernels
+    from convengine.quant.depthwise import kernels as depthwise
 
-    mods, partial = kc._code_modules("convengine.quant.kernels")
+    mods, partial = kc._code_modules("convengine.quant.dense.kernels")
     assert not partial
-    assert {"convengine.quant._ir", "convengine.quant._vnni", "convengine.quant._avx2",
-            "convengine.quant._amx"} <= set(mods)
+    assert {"convengine.quant._ir", "convengine.quant.dense.vnni",
+            "convengine.quant.dense.avx2", "convengine.quant.dense.amx"} <= set(mods)
     for module in mods:  # transitively: what those inline in turn
         assert set(kc._code_modules(module)[0]) <= set(mods)
-    # depthwise_avx2 does not import quant._ir; quant.depthwise, whose code it inlines, does
-    assert "_ir" not in vars(importlib.import_module("convengine.quant.depthwise_avx2"))
-    assert "convengine.quant._ir" in kc._code_modules("convengine.quant.depthwise_avx2")[0]
+    # depthwise.avx2 does not import quant._ir; depthwise.kernels, whose code it inlines, does
+    assert "_ir" not in vars(importlib.import_module("convengine.quant.depthwise.avx2"))
+    assert "convengine.quant._ir" in kc._code_modules("convengine.quant.depthwise.avx2")[0]
     for fn in (kernels.conv_vnni, kernels.conv_avx2, kernels.conv_portable,
                depthwise.conv_depthwise):
         assert isinstance(fn._cache, kc._ModuleCache)
@@ -276,9 +277,9 @@ def test_the_source_digest_is_computed_once_per_module(monkeypatch: pytest.Monke
     calls: list[str] = []
     real = kc._code_modules
     monkeypatch.setattr(kc, "_code_modules", lambda home: calls.append(home) or real(home))
-    first = kc.source_digest("convengine.quant.depthwise")
-    assert all(kc.source_digest("convengine.quant.depthwise") == first for _ in range(3))
-    assert calls == ["convengine.quant.depthwise"]
+    first = kc.source_digest("convengine.quant.depthwise.kernels")
+    assert all(kc.source_digest("convengine.quant.depthwise.kernels") == first for _ in range(3))
+    assert calls == ["convengine.quant.depthwise.kernels"]
 
 
 PROBE = '''
@@ -319,10 +320,10 @@ def test_module_kernels_miss_after_an_inlined_edit_or_another_isa(
 
 def _padded16(src: Path, numba_dir: Path, isa: str | None = None) -> tuple[int, int]:
     """In a fresh process importing convengine from ``src``: (hits, misses) of
-    quant.depthwise._padded16, a @kernel function of a module that inlines intrinsics."""
+    quant.depthwise.kernels._padded16, a @kernel function of a module that inlines intrinsics."""
     code = textwrap.dedent("""
         import numpy as np, convengine
-        from convengine.quant.depthwise import _padded16
+        from convengine.quant.depthwise.kernels import _padded16
         assert convengine.__file__.startswith({src!r}), convengine.__file__
         assert list(_padded16(np.arange(1, 4, dtype=np.int32), 16)[:5]) == [1, 2, 3, 0, 0]
         print(sum(_padded16.stats.cache_hits.values()), sum(_padded16.stats.cache_misses.values()))
@@ -340,7 +341,7 @@ def _padded16(src: Path, numba_dir: Path, isa: str | None = None) -> tuple[int, 
 
 @pytest.mark.slow
 def test_an_edited_intrinsic_is_never_loaded_stale(tmp_path: Path) -> None:
-    """A copy of convengine's source: editing a file that quant.depthwise inlines only
+    """A copy of convengine's source: editing a file that quant.depthwise.kernels inlines only
     through quant._ir (an algorithms module) compiles again; editing a file it does
     not inline (cli.py) loads; the AVX2 level has its own entry beside the default."""
     from convengine import _host
@@ -349,7 +350,7 @@ def test_an_edited_intrinsic_is_never_loaded_stale(tmp_path: Path) -> None:
     src = tmp_path / "src" / "convengine"
     shutil.copytree(package, src, ignore=shutil.ignore_patterns("__pycache__"))
     numba_dir = tmp_path / "numba"
-    inlined = [m for m in kc._code_modules("convengine.quant.depthwise")[0]
+    inlined = [m for m in kc._code_modules("convengine.quant.depthwise.kernels")[0]
                if m.startswith("convengine.algorithms.")]
     assert inlined
     edited = src / Path(sys.modules[inlined[0]].__file__).relative_to(package)  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import convengine as ce
-from convengine.algorithms import blocked
+from convengine.algorithms.blocked import forward as blocked
 from oracle import assert_close, random, reference
 
 

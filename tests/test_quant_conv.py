@@ -16,9 +16,10 @@ import pytest
 
 import convengine
 from convengine import ConvSetupError, qconv
-from convengine.quant import HAS_AMX, HAS_VNNI, cpu, depthwise_avx2
-from convengine.quant import depthwise as depthwise_kernels
+from convengine.quant import HAS_AMX, HAS_VNNI, cpu
 from convengine.quant.cpu import HAS_AVX2
+from convengine.quant.depthwise import avx2 as depthwise_avx2
+from convengine.quant.depthwise import kernels as depthwise_kernels
 
 
 @pytest.fixture
@@ -312,7 +313,7 @@ def test_avx2_u8s8_path(c, o, size, k, stride, pad, data, monkeypatch):
     many bytes at 128 or more against full-range weights, and every pair saturated
     (x all 255, weights all 127 or -128), for PyTorch's and ONNX's requantization and
     both 8-bit outputs; taken while few_heavy_pairs passes, else the int16 tiles run."""
-    from convengine.quant import kernels
+    from convengine.quant.dense import kernels
 
     if not HAS_AVX2:
         pytest.skip("no avx2 on this CPU")
@@ -348,7 +349,7 @@ def test_avx2_u8s8_gate():
     """Where most bytes of x are 128 or more and the weights large, the fixes would
     cost more than the vpmaddubsw tiles save: few_heavy_pairs turns the call to the
     int16 tiles (both exact)."""
-    from convengine.quant import kernels
+    from convengine.quant.dense import kernels
     from convengine.quant.prepack import pair_fixes
 
     rng = np.random.default_rng(5)
@@ -395,7 +396,8 @@ def test_int32_bias_requantization_ties_and_saturation(k, path, monkeypatch):
     GEMM; AVX2: conv_avx2) against the numpy form on exact .5 ties (multiplier 0.5, odd
     sums), sums that wrap int32 and values far outside the output range, a ragged last
     column block."""
-    from convengine.quant import kernels, plan
+    from convengine.quant import plan
+    from convengine.quant.dense import kernels
 
     if not {"vnni": HAS_VNNI, "avx2": HAS_AVX2}[path]:
         pytest.skip(f"no {path} on this CPU")
@@ -620,7 +622,8 @@ def test_implicit_gemm_against_int64_reference(n, c, o, h, w, k, pad, s, threads
                                                monkeypatch):
     """Ungrouped convs on uint8 with weight zero points 0 run conv_vnni_taps (no im2col):
     the same bytes as the int64 reference, padding, strides, ragged runs and all."""
-    from convengine.quant import kernels, plan
+    from convengine.quant import plan
+    from convengine.quant.dense import kernels
 
     monkeypatch.setattr(cpu, "int8_path", lambda: "vnni")
     monkeypatch.setattr(plan, "get_num_threads", lambda: threads)
@@ -652,7 +655,7 @@ def test_implicit_gemm_against_int64_reference(n, c, o, h, w, k, pad, s, threads
 def test_work_split_prefers_rows_at_near_equal_tiles():
     """Column parts only where they save the busiest thread a twentieth of its tiles:
     at about equal counts the threads take row panels (each reads its own rows of x)."""
-    from convengine.quant import kernels
+    from convengine.quant.dense import kernels
 
     assert kernels.work_split(3136, 64, 256, 2)[1] == 1  # 1046 vs 1048 tiles: rows
     assert kernels.work_split(49, 512, 512, 2)[1] == 2  # 7 x 7: 5 + 4 row blocks: columns

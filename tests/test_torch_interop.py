@@ -274,7 +274,8 @@ def test_training_steps_do_not_fill_the_weight_caches():
     """A parameter whose version moves between steps is marked transient: the packed
     weights of its steps are not stored (one entry from the first step stays), and
     every step matches PyTorch."""
-    from convengine.algorithms import blocked, winograd
+    from convengine.algorithms.blocked import forward as blocked
+    from convengine.algorithms.winograd import kernels as winograd
 
     torch.manual_seed(0)
     ref = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3,

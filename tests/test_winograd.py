@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import convengine as ce
-from convengine.algorithms import fma, weight_cache, winograd
+from convengine.algorithms import fma, weight_cache
+from convengine.algorithms.winograd import kernels as winograd
 from convengine.registry import get
 
 

@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from . import api, builders, fused_epilogue, heuristic, registry
-from .algorithms import blocked, depthwise, winograd
+from .algorithms.blocked import forward as blocked
+from .algorithms.depthwise import forward as depthwise
+from .algorithms.winograd import kernels as winograd
 from .finite import nonfinite
 from .problem import as_array, check_layout
 from .threads import get_num_threads
@@ -135,7 +137,7 @@ class PreparedConv:
 
     def weights(self) -> np.ndarray:
         """w channels-last ``(O, *K, C/g)``, rebuilt from ``blocked``'s panels when only they are kept
-        (:func:`convengine.algorithms.blocked.pack_weight` reordered back)."""
+        (:func:`convengine.algorithms.blocked.forward.pack_weight` reordered back)."""
         if self._w is None:
             wp = next(v for k, v in self._packed.items() if k[0] == "blocked")
             self._w = blocked.unpack_weight(wp, self.w_shape)

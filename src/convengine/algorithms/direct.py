@@ -17,8 +17,8 @@ Two loop nests, by the innermost contiguous axis:
 
 1-D and 2-D depthwise problems with one output channel per input channel go to the
 generated kernels of ``depthwise.py`` (forward, and backward-data at stride 1), the
-gathering kernel of ``depthwise_data.py`` (backward-data at larger strides) and the
-generated kernels of ``depthwise_weight.py`` (backward-weight).
+gathering kernel of ``depthwise/data.py`` (backward-data at larger strides) and the
+generated kernels of ``depthwise/weight.py`` (backward-weight).
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from .. import memory
 from .._kernel_cache import kernel
 from ..problem import ConvProblem
 from ..registry import register
-from . import depthwise, depthwise_data
 from ._common import too_large
-from .depthwise import NOALIAS, forward_plan
-from .depthwise_weight import backward_weight_plan
+from .depthwise import data as depthwise_data
+from .depthwise import forward as depthwise
+from .depthwise.forward import NOALIAS, forward_plan
+from .depthwise.weight import backward_weight_plan
 
 __all__ = ["NOALIAS"]  # re-exported for the other generated kernels
 

@@ -175,7 +175,7 @@ def _qgemm(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Arr
 def _fma32(a: Array, b: Any, c: Any) -> Array:
     """float32 fused multiply-add through float64: one rounding wherever the exact
     ``a * b + c`` fits float64's 53 bits (QLinearAdd's 8-bit ``a`` at usual scales),
-    else two, where the compiled :func:`convengine.quant.kernels.qadd_value` (the
+    else two, where the compiled :func:`convengine.quant.dense.kernels.qadd_value` (the
     hardware fma, as ONNX Runtime) rounds once."""
     return (np.asarray(a, np.float64) * np.float64(b) + np.asarray(c, np.float64)
             ).astype(np.float32)

@@ -65,7 +65,7 @@ def bounds(builder: ir.IRBuilder, qmin: ir.Value, qmax: ir.Value, zp: ir.Value
 def requant(builder: ir.IRBuilder, acc: ir.Value, bias: ir.Value, mult: ir.Value,
             lo: ir.Value, hi: ir.Value, zp: ir.Value, mode: Epilogue) -> ir.Value:
     """The int32 lanes ``acc`` (``<n x i32>``: n = 16 on AVX-512, 8 on AVX2) requantized
-    as :func:`convengine.quant.numerics.apply_requant` (``kernels._epilogue``): int32
+    as :func:`convengine.quant.numerics.apply_requant` (``kernels.epilogue``): int32
     lanes inside [lo, hi]. ``mult`` ``<n x float>``; ``lo``, ``hi``, ``zp`` float32
     scalars (integers: the clamp and the output zero point). No multiply and add fuse
     but the one named.

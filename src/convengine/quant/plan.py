@@ -24,9 +24,11 @@ import numpy as np
 from ..errors import ConvSetupError
 from ..problem import ConvProblem, as_array, make_problem
 from ..threads import get_num_threads
-from . import cpu, depthwise_avx2, kernels
-from . import depthwise as depthwise_kernels
-from ._amx import tile_config
+from . import cpu
+from .dense import kernels
+from .dense.amx import tile_config
+from .depthwise import avx2 as depthwise_avx2
+from .depthwise import kernels as depthwise_kernels
 from .numerics import (
     BIAS_MODES,
     Requant,

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._kernel_cache import kernel
-from . import depthwise
-from ._avx2 import NR as AVX2_NR
-from ._vnni import NR
+from .dense.avx2 import NR as AVX2_NR
+from .dense.vnni import NR
+from .depthwise import kernels as depthwise
 
 #: packed weights kept (least recently used dropped): on AVX2 hosts a layer can hold
 #: two (int16 and u8s8), and ResNet-50 has 53 convs

@@ -30,16 +30,20 @@ from typing import Any
 import numpy as np
 from numba import prange
 
-from .. import _kernel_cache, host_params, memory, registry
-from .._kernel_cache import Source, load
-from ..finite import nonfinite
-from ..problem import ConvProblem
-from ..registry import register
-from ..threads import get_num_threads
-from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_view
-from .direct import NOALIAS
-from .fma import MR, gemm_6xnr, lanes, make_sandwich, nr  # noqa: F401  (kernel modules)
-from .weight_cache import WeightCache
+from ... import _kernel_cache, host_params, memory, registry
+from ..._kernel_cache import Source, load
+from ...finite import nonfinite
+from ...problem import ConvProblem
+from ...registry import register
+from ...threads import get_num_threads
+from .._transforms import (
+    backward_data_as_forward,
+    backward_data_as_forward_reason,
+    flipped_view,
+)
+from ..direct import NOALIAS
+from ..fma import MR, gemm_6xnr, lanes, make_sandwich, nr  # noqa: F401  (kernel modules)
+from ..weight_cache import WeightCache
 
 # (B^T, G, A^T) per output tile size m for r = 3
 MATRICES = {

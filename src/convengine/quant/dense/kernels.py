@@ -38,12 +38,14 @@ import functools
 import numpy as np
 from numba import njit, prange
 
-from .. import host_params
-from .._kernel_cache import kernel
-from ._amx import amx_32x32, amx_begin, amx_end
-from ._avx2 import MR as AVX2_MR
-from ._avx2 import NR as AVX2_NR
-from ._avx2 import (
+from ... import host_params
+from ..._kernel_cache import kernel
+from .._copy import copy_bytes
+from .._ir import fma32
+from .amx import amx_32x32, amx_begin, amx_end
+from .avx2 import MR as AVX2_MR
+from .avx2 import NR as AVX2_NR
+from .avx2 import (
     any_heavy_pair,
     heavy_pair_mask,
     trailing_zeros,
@@ -51,9 +53,7 @@ from ._avx2 import (
     ukernel_requant_6x16,
     ukernel_requant_u8s8_6x16,
 )
-from ._copy import copy_bytes
-from ._ir import fma32
-from ._vnni import (
+from .vnni import (
     MR,
     NR,
     ukernel_2x64,
@@ -81,7 +81,7 @@ KC4_BLOCK = host_params.vnni_k_block()
 
 
 @njit(inline="always")
-def _epilogue(acc, o, mode, mult, bias_f, bias_i, zp, lo, hi):
+def epilogue(acc, o, mode, mult, bias_f, bias_i, zp, lo, hi):
     """One output value from the exact int32 accumulator (float64 carrier)."""
     if mode == 0:
         v = np.float64(np.rint((np.float32(acc) + bias_f[o]) * mult[o]) + np.float32(zp))
@@ -255,7 +255,7 @@ def _store_tile(tile, mr, ncol, m0, o0, rows, r0, wzp, col_term, mode, mult, bia
             for j in range(ncol):
                 o = np.uintp(o0 + j)
                 acc = tile[t + j] - wzp[o] * rowsum + col_term[o]
-                out[m, o] = _epilogue(acc, o, mode, mult, bias_f, bias_i, zp, lo, hi)
+                out[m, o] = epilogue(acc, o, mode, mult, bias_f, bias_i, zp, lo, hi)
 
 
 @functools.cache  # called on every launch with the few shapes of a model
@@ -857,4 +857,4 @@ def conv_portable(x, flip, xzp, wd, geo, groups, mode, mult, bias_f, bias_i,
                     acc = np.int32(0)
                     for k in range(kc):
                         acc += np.int32(diff[k]) * np.int32(wd[o, k])
-                    out[m, o] = _epilogue(acc, o, mode, mult, bias_f, bias_i, zp, lo, hi)
+                    out[m, o] = epilogue(acc, o, mode, mult, bias_f, bias_i, zp, lo, hi)

@@ -36,15 +36,15 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .. import host_params
-from .._host import ACCUMULATORS, VECTOR_BYTES
-from .._kernel_cache import Source, load
-from ..problem import ConvProblem
-from ..registry import register
-from ..threads import get_num_threads
-from ._common import too_large
-from .blocked import _as2d, dense_float32_2d, padded_input
-from .fma import row_pointers, splat, store_rows
+from ... import host_params
+from ..._host import ACCUMULATORS, VECTOR_BYTES
+from ..._kernel_cache import Source, load
+from ...problem import ConvProblem
+from ...registry import register
+from ...threads import get_num_threads
+from .._common import too_large
+from ..fma import row_pointers, splat, store_rows
+from .forward import _as2d, dense_float32_2d, padded_input
 
 MR = 6  # output channels per register block
 VEC = VECTOR_BYTES // 4  # float32 lanes of a vector register

@@ -37,12 +37,12 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .._host import ACCUMULATORS
-from .._kernel_cache import Source
-from ..problem import ConvProblem
-from ..threads import get_num_threads
-from .depthwise import MAX_TAPS, VECTOR_BYTES, _as2d, _served, compile_tasks
-from .fma import prefetch, splat, vector_ops
+from ..._host import ACCUMULATORS
+from ..._kernel_cache import Source
+from ...problem import ConvProblem
+from ...threads import get_num_threads
+from ..fma import prefetch, splat, vector_ops
+from .forward import MAX_TAPS, VECTOR_BYTES, _as2d, _served, compile_tasks
 
 # vectors of channels per register block: its KH*KW x NVEC accumulators stay in
 # registers (2 with AVX-512, 1 with AVX2)

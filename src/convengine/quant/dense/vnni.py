@@ -26,9 +26,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..algorithms.fma import splat
-from ..epilogue_codes import Epilogue
-from ._ir import VB, VF, VI, bounds, lane_mask, masked_store, requant
+from ...algorithms.fma import splat
+from ...epilogue_codes import Epilogue
+from .._ir import VB, VF, VI, bounds, lane_mask, masked_store, requant
 
 MR = 6
 NR = 64
@@ -68,7 +68,7 @@ def _make_ukernel(mr_rows: int, nvec: int) -> Any:
 
 
 def _make_ukernel_requant(mr_rows: int, nvec: int) -> Any:
-    """The micro-kernel ending in PyTorch's float requantization (``kernels._epilogue``
+    """The micro-kernel ending in PyTorch's float requantization (``kernels.epilogue``
     mode 0) instead of int32 stores: rows ``r < mr``, columns ``j < ncol`` of the tile
     go to ``out[out_off + r * ldo + j]`` (8-bit) as
 

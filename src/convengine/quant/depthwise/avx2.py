@@ -30,12 +30,12 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .._kernel_cache import kernel
-from ..epilogue_codes import Epilogue
-from ._avx2 import store_bytes
-from ._ir import requant
-from .cpu import HAS_AVX2
-from .depthwise import _row_source
+from ..._kernel_cache import kernel
+from ...epilogue_codes import Epilogue
+from .._ir import requant
+from ..cpu import HAS_AVX2
+from ..dense.avx2 import store_bytes
+from .kernels import _row_source
 
 MAX_TAPS = (1 << 24) // (2 * 255 * 255)  # 129: the float32 sums' exactness bound
 LANES = 8  # float32 lanes of a ymm register

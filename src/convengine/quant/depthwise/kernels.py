@@ -17,9 +17,9 @@ three: anything) against zero weights. Weights are packed (:func:`pack_weights`)
 ``d = w - wzp`` when every ``d`` fits int8, else as ``w`` with ``- wzp[c] * sum_t
 x_t`` added through a second ``vpdpbusd`` on ones; ``wterm = T * wzp - sum_t w_t``
 (int32 arithmetic wraps, and the true sum fits, so the result is exact). Modes 0 and 1
-requantize 16 channels at a time exactly as ``kernels._epilogue`` (see
+requantize 16 channels at a time exactly as ``kernels.epilogue`` (see
 :func:`convengine.quant._ir.requant`); the raw accumulator (mode 2)
-goes through ``_epilogue`` per value. Each row kernel call covers several output rows
+goes through ``epilogue`` per value. Each row kernel call covers several output rows
 (about 32 pixels); workers take rows from an atomic counter;
 :func:`conv_depthwise_vnni_serial` is the same without threads, for layers below
 ``SERIAL_MAX_MACS``.
@@ -38,11 +38,11 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .._host import FEATURES
-from .._kernel_cache import kernel
-from ..algorithms.fma import splat
-from ..epilogue_codes import Epilogue
-from ._ir import (
+from ..._host import FEATURES
+from ..._kernel_cache import kernel
+from ...algorithms.fma import splat
+from ...epilogue_codes import Epilogue
+from .._ir import (
     LANES,
     VB,
     VF,
@@ -53,7 +53,7 @@ from ._ir import (
     masked_store,
     requant,
 )
-from .kernels import _epilogue
+from ..dense.kernels import epilogue
 
 MAX_TAPS = (1 << 24) // (255 * 255)  # the float kernel's exactness bound
 # Below this many multiply-adds the VNNI kernel runs on the calling thread, where
@@ -577,7 +577,7 @@ def _depthwise_rows(row0, nrows, xflat, x_shape, flip, xzp, wq, wterm, wzp, has_
     if mode == 2:
         for p in range(nrows * ow_n):
             for c in range(chans):
-                out[m0 + p, c] = _epilogue(scratch[p * c16 + c], c, mode, mult, bias_f,
+                out[m0 + p, c] = epilogue(scratch[p * c16 + c], c, mode, mult, bias_f,
                                            bias_i, zp, lo, hi)
 
 
@@ -627,5 +627,5 @@ def conv_depthwise(x, xzp, wf, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out)
                     out[m, c] = np.int32(min(max(v, flo), fhi))
             else:
                 for c in range(chans):
-                    out[m, c] = _epilogue(np.int64(acc[ab + c]), c, mode, mult, bias_f,
+                    out[m, c] = epilogue(np.int64(acc[ab + c]), c, mode, mult, bias_f,
                                           bias_i, zp, lo, hi)

@@ -31,16 +31,10 @@ from typing import NamedTuple
 import numpy as np
 from numba import prange
 
-from .._kernel_cache import Source, kernel, load
-from ..problem import ConvProblem
-from ..threads import get_num_threads
-from .depthwise import (
-    NOALIAS,
-    _as2d,
-    _cache_line_aligned,
-    one_per_channel,
-    output_buffer,
-)
+from ..._kernel_cache import Source, kernel, load
+from ...problem import ConvProblem
+from ...threads import get_num_threads
+from .forward import NOALIAS, _as2d, _cache_line_aligned, one_per_channel, output_buffer
 
 # Below this many multiply-adds the calling thread does it all (the threshold the
 # forward kernels had before their border rows stopped taking the masked-load assist;

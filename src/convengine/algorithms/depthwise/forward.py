@@ -39,12 +39,12 @@ from numba import njit, prange, types
 from numba.core import cpu, options
 from numba.extending import intrinsic
 
-from .. import host_params, memory
-from .._kernel_cache import Source, load
-from ..epilogue_codes import Activation
-from ..problem import ConvProblem
-from ..threads import get_num_threads
-from .fma import (  # VECTOR_BYTES: 16 float32 or 8 float64 (AVX2: 8, 4)
+from ... import host_params, memory
+from ..._kernel_cache import Source, load
+from ...epilogue_codes import Activation
+from ...problem import ConvProblem
+from ...threads import get_num_threads
+from ..fma import (  # VECTOR_BYTES: 16 float32 or 8 float64 (AVX2: 8, 4)
     VECTOR_BYTES,
     prefetch,
     splat,

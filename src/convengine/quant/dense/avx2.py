@@ -37,9 +37,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..algorithms.fma import row_pointers, splat
-from ..epilogue_codes import Epilogue
-from ._ir import requant
+from ...algorithms.fma import row_pointers, splat
+from ...epilogue_codes import Epilogue
+from .._ir import requant
 
 MR = 6  # rows (output pixels) per tile
 NR = 16  # columns (output channels) per tile: two ymm of int32

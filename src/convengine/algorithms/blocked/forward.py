@@ -12,7 +12,7 @@ Serves forward, float32, dense (groups 1), 1-D and 2-D (output channels that are
 a multiple of VEC padded with zero weights, the padded lanes not stored); backward-data:
 at stride 1 as the forward conv of dy with the flipped kernel (the stride-1 transpose
 rule), at larger strides (dilation 1, input channels a multiple of VEC) as one such
-conv per phase of the stride (:mod:`.blocked_strided`). The micro-kernel
+conv per phase of the stride (:mod:`.strided`). The micro-kernel
 spells out its vectors in the host's width (``VEC`` float32 lanes: 16 with AVX-512,
 ``llvm.fma.v16f32``, where LLVM's own choice would be 256-bit vectors; 8 with AVX2).
 """
@@ -30,18 +30,22 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .. import host_params, memory
-from .._host import ACCUMULATORS, VECTOR_BYTES, VECTOR_REGISTERS
-from .._kernel_cache import Source, kernel, load
-from ..epilogue_codes import CPU_STORE, Activation, names
-from ..problem import ConvProblem
-from ..registry import register
-from ..threads import get_num_threads
-from . import blocked_strided
-from ._common import too_large
-from ._transforms import backward_data_as_forward, backward_data_as_forward_reason, flipped_view
-from .fma import prefetch, row_pointers, splat, store_fence, store_rows, vector_ops
-from .weight_cache import WeightCache, is_transient
+from ... import host_params, memory
+from ..._host import ACCUMULATORS, VECTOR_BYTES, VECTOR_REGISTERS
+from ..._kernel_cache import Source, kernel, load
+from ...epilogue_codes import CPU_STORE, Activation, names
+from ...problem import ConvProblem
+from ...registry import register
+from ...threads import get_num_threads
+from .._common import too_large
+from .._transforms import (
+    backward_data_as_forward,
+    backward_data_as_forward_reason,
+    flipped_view,
+)
+from ..fma import prefetch, row_pointers, splat, store_fence, store_rows, vector_ops
+from ..weight_cache import WeightCache, is_transient
+from . import strided
 
 TASKS_PER_THREAD = 8  # parallel tasks per thread, at least (a balanced share)
 # packed weights of recent calls (matched bit-exactly on w): packing is a strided copy
@@ -721,24 +725,24 @@ def _supports_bwd_data(problem: ConvProblem) -> str | None:
         if reason is not None:
             return f"{reason} (served via the stride-1 transpose rule)"
         return _supports(backward_data_as_forward(problem))
-    reason = blocked_strided.reason(problem)
+    reason = strided.reason(problem)
     if reason is not None:
         return f"{reason} (strided backward-data runs by phases)"
     return _supports(backward_data_as_forward(problem), padded_channels=False) or too_large(
-        problem, blocked_strided.workspace(problem), "the phases' dy copies and weights")
+        problem, strided.workspace(problem), "the phases' dy copies and weights")
 
 
 def _workspace_bwd_data(problem: ConvProblem) -> int:
     if all(s == 1 for s in problem.stride):
         return _workspace(backward_data_as_forward(problem))
-    return blocked_strided.workspace(problem)
+    return strided.workspace(problem)
 
 
 @register("blocked", "backward_data", supports=_supports_bwd_data,
           workspace_bytes=_workspace_bwd_data, accuracy=2, numpy_math=False)
 def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Stride 1: the forward conv of dy with the flipped kernel; else by phases
-    (:mod:`.blocked_strided`)."""
+    (:mod:`.strided`)."""
     nr = VEC * panel_vectors(problem.in_channels)
     if all(s == 1 for s in problem.stride):
         forward = backward_data_as_forward(problem)
@@ -749,13 +753,13 @@ def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.
         wp, _ = PACKED.get(w, ("flipped", problem.ndim, nr),
                            lambda w: pack_weight(flipped_view(w), problem.ndim, nr))
         return _forward(forward, dy, wp)
-    steps, dy_pads = blocked_strided.plan(problem)
+    steps, dy_pads = strided.plan(problem)
     dx = (memory.empty if len(steps) == math.prod(problem.stride) else memory.zeros)(
         problem.x_shape("NHWC"), np.float32)
     dyp = pad(dy, problem.ndim, dy_pads)
     for s in steps:
         wp, _ = PACKED.get(w, ("phase", problem.stride, s.phase, nr), lambda w, s=s:
-                           pack_weight(blocked_strided.sub_kernel(w, problem, s.phase),
+                           pack_weight(strided.sub_kernel(w, problem, s.phase),
                                        problem.ndim, nr))
         run_into(dx, s.first, s.step, s.problem, dyp, s.origin, wp)
     return dx

@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..problem import ConvProblem
-from ._transforms import backward_data_as_forward, flipped_view
+from ...problem import ConvProblem
+from .._transforms import backward_data_as_forward, flipped_view
 
 
 class Phase(NamedTuple):

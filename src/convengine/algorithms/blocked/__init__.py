@@ -1,0 +1,13 @@
+"""The blocked family: float GEMM micro-kernels over channels-last panels.
+
+- ``forward``: the register-blocked micro-kernel (MR pixels x NR output channels of
+  FMA accumulators, vector width from the ISA level) and its drivers: forward and
+  backward-data as a forward conv over flipped weights.
+- ``strided``: the space-to-depth rewrite of strided convolutions for it.
+- ``weight``: backward-weight as a GEMM over the same panels.
+- ``reference``: numpy, exactly what one micro-kernel call computes (for the tests).
+
+Importing the package registers the ``blocked`` algorithms.
+"""
+
+from . import forward, strided, weight  # noqa: F401  (registers the algorithms)

@@ -1,0 +1,10 @@
+"""The Winograd family: F(m, 3) transforms, a batched GEMM in the transformed domain
+(the 6 x NR FMA micro-kernel of ``algorithms.fma``), and the inverse transform.
+
+- ``kernels``: the algorithm (forward, and backward-data as a forward conv).
+- ``reference``: numpy, exactly what the transforms compute (for the tests).
+
+Importing the package registers the ``winograd`` algorithm.
+"""
+
+from . import kernels  # noqa: F401  (registers the algorithm)
