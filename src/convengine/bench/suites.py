@@ -76,32 +76,32 @@ def _c(name: str, c: int, o: int, size: int, k: int, stride: int = 1,
     )
 
 
-RESNET50 = [
-    _c("conv1", 3, 64, 224, 7, stride=2),
-    _c("l1.conv1_first", 64, 64, 56, 1),
-    _c("l1.conv2", 64, 64, 56, 3, count=3),
-    _c("l1.conv3", 64, 256, 56, 1, count=3),
-    _c("l1.downsample", 64, 256, 56, 1),
-    _c("l1.conv1", 256, 64, 56, 1, count=2),
-    _c("l2.conv1_first", 256, 128, 56, 1),
-    _c("l2.conv2_s2", 128, 128, 56, 3, stride=2),
-    _c("l2.conv3", 128, 512, 28, 1, count=4),
-    _c("l2.downsample", 256, 512, 56, 1, stride=2),
-    _c("l2.conv1", 512, 128, 28, 1, count=3),
-    _c("l2.conv2", 128, 128, 28, 3, count=3),
-    _c("l3.conv1_first", 512, 256, 28, 1),
-    _c("l3.conv2_s2", 256, 256, 28, 3, stride=2),
-    _c("l3.conv3", 256, 1024, 14, 1, count=6),
-    _c("l3.downsample", 512, 1024, 28, 1, stride=2),
-    _c("l3.conv1", 1024, 256, 14, 1, count=5),
-    _c("l3.conv2", 256, 256, 14, 3, count=5),
-    _c("l4.conv1_first", 1024, 512, 14, 1),
-    _c("l4.conv2_s2", 512, 512, 14, 3, stride=2),
-    _c("l4.conv3", 512, 2048, 7, 1, count=3),
-    _c("l4.downsample", 1024, 2048, 14, 1, stride=2),
-    _c("l4.conv1", 2048, 512, 7, 1, count=2),
-    _c("l4.conv2", 512, 512, 7, 3, count=2),
-]
+def _resnet50() -> list[Layer]:
+    """conv1, then four stages of bottleneck blocks (1x1 c -> width, 3x3 width ->
+    width carrying the stage's stride, 1x1 width -> 4 * width, a strided 1x1 c ->
+    4 * width downsample on the first block); the blocks after the first repeat one
+    shape each, counted."""
+    layers = [_c("conv1", 3, 64, 224, 7, stride=2)]
+    c, size = 64, 56
+    # (width, blocks n, stride s) per stage, as in the paper's table 1
+    stages = [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)]
+    for stage, (width, n, s) in enumerate(stages, start=1):
+        out, pre = width * 4, f"l{stage}."
+        layers.append(_c(pre + "conv1_first", c, width, size, 1))
+        if s == 1:  # the first block's 3x3 is the shape of the others'
+            layers.append(_c(pre + "conv2", width, width, size, 3, count=n))
+        else:
+            layers.append(_c(pre + "conv2_s2", width, width, size, 3, stride=s))
+        layers.append(_c(pre + "conv3", width, out, size // s, 1, count=n))
+        layers.append(_c(pre + "downsample", c, out, size, 1, stride=s))
+        layers.append(_c(pre + "conv1", out, width, size // s, 1, count=n - 1))
+        if s != 1:
+            layers.append(_c(pre + "conv2", width, width, size // s, 3, count=n - 1))
+        c, size = out, size // s
+    return layers
+
+
+RESNET50 = _resnet50()
 
 
 def _mbv2() -> list[Layer]:
