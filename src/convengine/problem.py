@@ -145,13 +145,13 @@ class ConvProblem:
             return (self.batch, self.out_channels, *self.out_size)
         return (self.batch, *self.out_size, self.out_channels)
 
-    def result_shape(self) -> tuple[int, ...]:
-        """Shape of what this pass returns, in the problem's layout."""
+    def result_shape(self, layout: str | None = None) -> tuple[int, ...]:
+        """Shape of what this pass returns, in ``layout`` (default: the problem's)."""
         return {
             "forward": self.y_shape,
             "backward_data": self.x_shape,
             "backward_weight": self.w_shape,
-        }[self.pass_]()
+        }[self.pass_](layout)
 
     def with_pass(self, pass_: str) -> ConvProblem:
         return dataclasses.replace(self, pass_=pass_)

@@ -214,22 +214,17 @@ def wgrad_workspace(problem: ConvProblem) -> int:
     return 0 if split == 1 else split * o * taps * c * 4
 
 
-def _run_forward(direct: bool) -> Callable[..., torch.Tensor]:
-    def run(problem: ConvProblem, x: torch.Tensor, w: torch.Tensor,
+def _run_conv(direct: bool, backward_data: bool) -> Callable[..., torch.Tensor]:
+    """The run of the forward pass (x, w -> y) or of backward-data (dy, w -> dx): the
+    canonical result ``(N, D, H, W, channels)`` filled by :func:`launch_conv`."""
+    def run(problem: ConvProblem, a: torch.Tensor, w: torch.Tensor,
             bias: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
-        n_, *_ = x.shape
-        y = x.new_empty((n_, *three(problem.out_size, 1), problem.out_channels))
-        launch_conv(problem, x, w, y, backward_data=False, direct=direct, bias=bias, act=act)
-        return y
-    return run
-
-
-def _run_backward_data(direct: bool) -> Callable[..., torch.Tensor]:
-    def run(problem: ConvProblem, dy: torch.Tensor, w: torch.Tensor,
-            bias: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
-        dx = dy.new_empty((problem.batch, *three(problem.in_size, 1), problem.in_channels))
-        launch_conv(problem, dy, w, dx, backward_data=True, direct=direct, bias=bias, act=act)
-        return dx
+        size, channels = ((problem.in_size, problem.in_channels) if backward_data
+                          else (problem.out_size, problem.out_channels))
+        out = a.new_empty((problem.batch, *three(size, 1), channels))
+        launch_conv(problem, a, w, out, backward_data=backward_data, direct=direct, bias=bias,
+                    act=act)
+        return out
     return run
 
 
@@ -247,14 +242,15 @@ def _run_backward_weight(direct: bool) -> Callable[..., torch.Tensor]:
 ALGORITHMS: dict[str, dict[str, GpuAlgorithm]] = {
     "forward": {
         "gpu_implicit_gemm": GpuAlgorithm("gpu_implicit_gemm", "forward", _gemm_supports,
-                                          _run_forward(False)),
-        "gpu_direct": GpuAlgorithm("gpu_direct", "forward", _float_only, _run_forward(True)),
+                                          _run_conv(False, backward_data=False)),
+        "gpu_direct": GpuAlgorithm("gpu_direct", "forward", _float_only,
+                                   _run_conv(True, backward_data=False)),
     },
     "backward_data": {
         "gpu_implicit_gemm": GpuAlgorithm("gpu_implicit_gemm", "backward_data", _gemm_supports,
-                                          _run_backward_data(False)),
+                                          _run_conv(False, backward_data=True)),
         "gpu_direct": GpuAlgorithm("gpu_direct", "backward_data", _float_only,
-                                   _run_backward_data(True)),
+                                   _run_conv(True, backward_data=True)),
     },
     "backward_weight": {
         "gpu_implicit_gemm": GpuAlgorithm("gpu_implicit_gemm", "backward_weight",

@@ -132,28 +132,29 @@ def conv_backward_data(dy: Any, w: Any, input_shape: Sequence[int], *, stride: A
                        padding: Any = 0, dilation: Any = 1, groups: int = 1,
                        layout: str = "NCHW", algo: str = "auto") -> torch.Tensor:
     """:func:`convengine.conv_backward_data` on device tensors."""
-    dyt, wt = as_tensor(dy, "dy"), as_tensor(w, "w")
-    check_device(algo, dy=dyt, w=wt)
-    problem = builders.backward_data_problem(meta(dyt), meta(wt), input_shape, stride=stride,
-                                        padding=padding, dilation=dilation, groups=groups,
-                                        layout=layout)
-    chosen = choose(problem, algo)
-    dx = chosen.run(problem, canonical(dyt, problem.layout), canonical(wt, problem.layout))
-    return restore(dx, problem.x_shape("NHWC"), problem.layout)
+    return _gradient("backward_data", {"dy": dy, "w": w}, input_shape, algo, stride=stride,
+                     padding=padding, dilation=dilation, groups=groups, layout=layout)
 
 
 def conv_backward_weight(x: Any, dy: Any, weight_shape: Sequence[int], *, stride: Any = 1,
                          padding: Any = 0, dilation: Any = 1, groups: int = 1,
                          layout: str = "NCHW", algo: str = "auto") -> torch.Tensor:
     """:func:`convengine.conv_backward_weight` on device tensors."""
-    xt, dyt = as_tensor(x, "x"), as_tensor(dy, "dy")
-    check_device(algo, x=xt, dy=dyt)
-    problem = builders.backward_weight_problem(meta(xt), meta(dyt), weight_shape, stride=stride,
-                                          padding=padding, dilation=dilation, groups=groups,
-                                          layout=layout)
+    return _gradient("backward_weight", {"x": x, "dy": dy}, weight_shape, algo, stride=stride,
+                     padding=padding, dilation=dilation, groups=groups, layout=layout)
+
+
+def _gradient(pass_: str, operands: dict[str, Any], shape: Sequence[int], algo: str,
+              **conv_args: Any) -> torch.Tensor:
+    """A gradient call: ``operands`` the two tensors by name (dy and w, or x and dy),
+    ``shape`` the one asked for (input_shape or weight_shape)."""
+    tensors = {name: as_tensor(t, name) for name, t in operands.items()}
+    check_device(algo, **tensors)
+    a, b = tensors.values()
+    problem = builders.BUILDERS[pass_](meta(a), meta(b), shape, **conv_args)
     chosen = choose(problem, algo)
-    dw = chosen.run(problem, canonical(xt, problem.layout), canonical(dyt, problem.layout))
-    return restore(dw, problem.w_shape("NHWC"), problem.layout)
+    out = chosen.run(problem, canonical(a, problem.layout), canonical(b, problem.layout))
+    return restore(out, problem.result_shape("NHWC"), problem.layout)
 
 
 def conv_transpose(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
