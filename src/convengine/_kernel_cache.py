@@ -32,10 +32,17 @@ on the instruction-set level (``_host.ISA``) and the cache-derived parameters
 (``host_params.key()``), so that processes run with and without
 ``CONVENGINE_ISA`` share one cache without loading each other's code.
 
-A :class:`Source` describes one kernel module: the globals of the module that
-generated it (its helpers and constants), values and expressions bound to names, and
-function definitions, taken from the generator's own (nested) functions by their
-source text, so that closures become module functions over those names.
+Kernels whose code depends on compile-time constants (tile shapes, kernel sizes) are
+written as *templates*: ordinary module files (``*_template.py``, beside the family
+module that uses them) that read their constants at the top with :func:`parameters`
+and compile their functions with :func:`compiled`. :func:`instantiate` makes one kernel
+module per set of constants from the template's text, verbatim (what runs is what one
+reads, line for line; a traceback names the template's tag and line).
+
+Code that is generated (scalar tails of a transform, kernels unrolled per tap) is
+described by a :class:`Source`, the one generator: values and expressions bound to
+names, generated function definitions, in the globals of the module that generated
+it; its text is a readable module in the cache directory.
 """
 
 from __future__ import annotations
@@ -45,14 +52,12 @@ import contextlib
 import hashlib
 import importlib
 import importlib.util
-import inspect
 import logging
 import os
 import re
 import shutil
 import sys
 import tempfile
-import textwrap
 import threading
 import warnings
 from collections.abc import Callable
@@ -171,15 +176,6 @@ def fingerprint(home: str) -> str:
 # ---------------------------------------------------------------- the source
 
 
-def _function_source(fn: Callable[..., Any], name: str) -> str:
-    """``fn``'s definition, dedented, decorators dropped, renamed ``name``."""
-    text = textwrap.dedent(inspect.getsource(fn))
-    start = re.search(r"^def ", text, re.MULTILINE)
-    if start is None:
-        raise ValueError(f"fn: {fn.__qualname__} is not a def statement")
-    return re.sub(r"^def \w+\(", f"def {name}(", text[start.start():], count=1)
-
-
 class Source:
     """A kernel module's source. ``home``: the module whose globals the kernel code
     sees; ``tag``: a short readable name (``depthwise_3x3_s1``)."""
@@ -212,9 +208,9 @@ class Source:
         self._names.update(names)
 
     def function(self, fn: Callable[..., Any], name: str | None = None, **jit: Any) -> None:
-        """``fn``'s definition, compiled with numba options ``jit`` and the on-disk
-        cache. Its closure's ints, floats, bools and strings are bound as literals;
-        its other free names must be bound already."""
+        """TEMPORARY (removed once every family uses templates)."""
+        import inspect
+        import textwrap
         name = name or fn.__name__
         cells = zip(fn.__code__.co_freevars, fn.__closure__ or ())
         for var, cell in cells:
@@ -223,7 +219,10 @@ class Source:
         missing = set(fn.__code__.co_freevars) - self._names
         if missing:
             raise ValueError(f"fn: {fn.__qualname__} needs {sorted(missing)} bound first")
-        self.code(_function_source(fn, name), name)
+        text = textwrap.dedent(inspect.getsource(fn))
+        start = re.search(r"^def ", text, re.MULTILINE)
+        assert start is not None
+        self.code(re.sub(r"^def \w+\(", f"def {name}(", text[start.start():], count=1), name)
         self.jit(name, **jit)
 
     def jit(self, name: str, **jit: Any) -> None:
@@ -293,10 +292,18 @@ class _RobustCache(caching.FunctionCache):
 
 
 class _Cache(_RobustCache):
-    """The cache of a generated kernel module's function (files next to the module,
-    whose name covers what its code depends on)."""
+    """The cache of a kernel module's function (files next to the module, whose name
+    covers what its code depends on); ``variant`` names one of several compilations
+    of one function (``parallel``, ``serial``): its own index and data files."""
 
     _impl_class = _Impl  # type: ignore[assignment]
+
+    def __init__(self, py_func: Any, variant: str = "") -> None:
+        super().__init__(py_func)
+        if variant:
+            self._cache_file = caching.IndexDataCacheFile(
+                self._cache_path, f"{self._impl.filename_base}-{variant}",
+                self._impl.locator.get_source_stamp())
 
 
 class _IndexFile(caching.IndexDataCacheFile):
@@ -333,12 +340,20 @@ class _ModuleCache(_RobustCache):
         return (*super()._index_key(sig, codegen), _host.ISA, host_params.key())
 
 
-def jit(fn: Callable[..., Any], **options: Any) -> Any:
+def jit(fn: Callable[..., Any], variant: str = "", **options: Any) -> Any:
     """``numba.njit(**options)(fn)`` with the kernel cache's on-disk cache (for the
-    functions of generated kernel modules)."""
+    functions of kernel modules; ``variant``: see :class:`_Cache`)."""
     dispatcher = numba.njit(**options)(fn)
-    dispatcher._cache = _Cache(fn)
+    dispatcher._cache = _Cache(fn, variant)
     return dispatcher
+
+
+def compiled(variant: str = "", **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``@compiled(parallel=True)``: a template's function compiled with numba options
+    ``options`` and cached beside its kernel module. ``compiled("serial", nogil=True)
+    (fn)`` beside ``compiled("parallel", parallel=True)(fn)`` compiles one function
+    twice, each with its own cache files."""
+    return lambda fn: jit(fn, variant, **options)
 
 
 def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
@@ -435,9 +450,54 @@ def _private(name: str, data: bytes) -> Path:
 def load(source: Source) -> ModuleType:
     """The kernel module for ``source``, written to the cache (if not there yet) and
     imported; its jitted functions load their machine code from numba's cache."""
-    data = source.text.encode()
-    digest = hashlib.sha256(data + fingerprint(source.home).encode()).hexdigest()[:24]
-    name = f"{source.tag}_{digest}"
+    return _import(source.tag, source.text.encode(), source.home, b"", {})
+
+
+_PARAMETERS: dict[str, dict[str, Any]] = {}  # kernel module name -> its template's constants
+
+
+def instantiate(home: str, template: str, tag: str, **constants: Any) -> ModuleType:
+    """The kernel module made of the template file ``template`` (a file name in the
+    package of the module ``home``, whose kernels' sources the cache key covers)
+    for ``constants`` (ints, floats, bools, strings, tuples of them: what the template
+    reads with :func:`parameters`), imported under a name covering the text, the
+    constants and home's fingerprint. A template imports absolutely
+    (``from convengine.algorithms.fma import splat``)."""
+    for key, value in constants.items():
+        if not _literal(value):
+            raise TypeError(f"{key}: a template constant must be a literal, got "
+                            f"{type(value).__name__}")
+    text = (Path(str(importlib.import_module(home).__file__)).parent / template).read_bytes()
+    salt = repr(sorted(constants.items())).encode()
+    return _import(tag, text, home, salt, constants)
+
+
+def _literal(value: object) -> bool:
+    if isinstance(value, tuple):
+        return all(_literal(v) for v in value)
+    return type(value) in _LITERALS
+
+
+def parameters(module: str, *names: str) -> tuple[Any, ...]:
+    """In a template, its constants ``names`` (``MR, NR = parameters(__name__, "MR",
+    "NR")``). RuntimeError if ``module`` is not a kernel module made by
+    :func:`instantiate` (a template is not imported directly)."""
+    try:
+        given = _PARAMETERS[module]
+    except KeyError:
+        raise RuntimeError(f"{module} is a kernel template: convengine._kernel_cache."
+                           "instantiate compiles it for its constants") from None
+    missing = [n for n in names if n not in given]
+    if missing:
+        raise TypeError(f"{module} needs the constants {missing}; given {sorted(given)}")
+    return tuple(given[n] for n in names)
+
+
+def _import(tag: str, data: bytes, home: str, salt: bytes,
+            constants: dict[str, Any]) -> ModuleType:
+    """Import ``data`` as the kernel module ``<tag>_<hash>`` (once per process)."""
+    digest = hashlib.sha256(data + salt + fingerprint(home).encode()).hexdigest()[:24]
+    name = f"{tag}_{digest}"
     with _LOCK:
         if name in _LOADED:
             return _LOADED[name]
@@ -446,6 +506,7 @@ def load(source: Source) -> ModuleType:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
+        _PARAMETERS[spec.name] = constants
         try:
             spec.loader.exec_module(module)
         except BaseException:

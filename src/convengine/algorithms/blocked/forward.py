@@ -32,7 +32,7 @@ from numba.extending import intrinsic
 
 from ... import host_params, memory
 from ..._host import ACCUMULATORS, VECTOR_BYTES, VECTOR_REGISTERS
-from ..._kernel_cache import Source, kernel, load
+from ..._kernel_cache import instantiate, kernel
 from ...epilogue_codes import CPU_STORE, Activation, names
 from ...problem import ConvProblem
 from ...registry import register
@@ -43,7 +43,7 @@ from .._transforms import (
     backward_data_as_forward_reason,
     flipped_view,
 )
-from ..fma import prefetch, row_pointers, splat, store_fence, store_rows, vector_ops
+from ..fma import prefetch, row_pointers, splat, store_rows, vector_ops
 from ..weight_cache import WeightCache, is_transient
 from . import strided
 
@@ -294,35 +294,8 @@ def _driver(nvec: int) -> Any:
     and writes output ``(n, i, j, o)`` at ``y[y0 + n*yn + i*yh + j*yw + o]`` of the
     flat ``y`` (a strided slice of a larger array, or a whole contiguous one)."""
     mr = ACCUMULATORS // nvec  # the same accumulators whatever NR is
-    nr = VEC * nvec
-    # compiled in a kernel module, cached on disk (numba's own cache cannot key a
-    # closure over an intrinsic)
-    src = Source(__name__, f"blocked_nr{nr}")
-    src.expr("ukernel", f"_make_ukernel({mr}, {nvec})")
-    ukernel = None  # bound in the kernel module
-
-    def run(xp, h0, w0, wp, yf, y0, yn, yh, yw, oh_, ow_, sh, sw, dh, dw,  # noqa: PLR0913
-            per_task):
-        n_, hp, wpx, c_ = xp.shape
-        blocks, kh_, kw_ = wp.shape[0], wp.shape[1], wp.shape[2]
-        xf, wf = xp.reshape(-1), wp.reshape(-1)
-        segments = (ow_ + mr - 1) // mr
-        groups = (segments + per_task - 1) // per_task  # of segments, per output row
-        wblock = kh_ * kw_ * c_ * nr
-        # unit column dilation: a kernel row's taps are one contiguous run of kw * c
-        taps, run_len = (1, kw_ * c_) if dw == 1 else (kw_, c_)
-        for t in prange(n_ * oh_ * groups * blocks):
-            row, g, ob = t // (groups * blocks), (t // blocks) % groups, t % blocks
-            n, oh = row // oh_, row % oh_
-            for s in range(g * per_task, min(segments, (g + 1) * per_task)):
-                ow0 = s * mr
-                x_off = ((n * hp + h0 + oh * sh) * wpx + w0 + ow0 * sw) * c_
-                y_off = y0 + n * yn + oh * yh + ow0 * yw + ob * nr
-                ukernel(xf, x_off, sw * c_, dh * wpx * c_, dw * c_, kh_, taps, run_len,
-                        wf, ob * wblock, min(mr, ow_ - ow0), yf, y_off, yw)
-
-    src.function(run, parallel=True, nogil=True)
-    return load(src).run
+    return instantiate(__name__, "rows_template.py", f"blocked_nr{VEC * nvec}", MR=mr,
+                       NVEC=nvec, NR=VEC * nvec).run
 
 
 class WeightWalk(NamedTuple):
@@ -377,50 +350,9 @@ def _gather_driver(nvec: int, streaming: bool = False) -> Any:
     whole panels stored non-temporally (y 64-byte aligned, O a multiple of VEC; see
     ``STREAMING_BYTES``), fenced at the end of each task."""
     mr, nr = gather_rows(nvec), VEC * nvec
-    src = Source(__name__, f"blocked_gather_nr{nr}_mr{mr}{'_streaming' if streaming else ''}")
-    src.expr("ukernel", f"_make_ukernel({mr}, {nvec}, gather=True, streaming={streaming})")
-    ukernel = None  # bound in the kernel module
-
-    def run(xp, wf, y, bias, res, has_res, act, sh, sw, dh, dw, per_task,  # noqa: PLR0913
-            blocks_inside, kh_, kw_, w_first, w_block, w_row, w_col, w_step, fused):
-        n_, hp, wpx, c_ = xp.shape
-        _, oh_, ow_, o_ = y.shape
-        blocks = (o_ + nr - 1) // nr
-        xf, yf, rf = xp.reshape(-1), y.reshape(-1), res.reshape(-1)
-        image, pixels = oh_ * ow_, n_ * oh_ * ow_
-        tiles = (pixels + mr - 1) // mr
-        # fused: a kernel row's taps are one contiguous run of kw * c, input and weights
-        taps, run_len = (1, kw_ * c_) if fused else (kw_, c_)
-        # a task: its tiles times one block, or times every block (each pixel's
-        # channels then written at once, the tile's input read from L1)
-        task_blocks = 1 if blocks_inside else blocks
-        for t in prange(((tiles + per_task - 1) // per_task) * task_blocks):
-            g, b0 = t // task_blocks, t % task_blocks
-            offsets = np.empty(mr, np.intp)
-            first = g * per_task
-            # the output pixel (n, i, j) walked along, without a division per pixel
-            n, q = (first * mr) // image, (first * mr) % image
-            i, j = q // ow_, q % ow_
-            for tile in range(first, min(tiles, first + per_task)):
-                p0 = tile * mr
-                m = min(mr, pixels - p0)
-                for r in range(m):
-                    offsets[r] = ((n * hp + i * sh) * wpx + j * sw) * c_
-                    j += 1
-                    if j == ow_:
-                        j, i = 0, i + 1
-                        if i == oh_:
-                            i, n = 0, n + 1
-                for ob in range(b0, blocks if blocks_inside else b0 + 1):
-                    ukernel(xf, offsets, dh * wpx * c_, dw * c_, kh_, taps, run_len, wf,
-                            w_first + ob * w_block, w_row, w_col, w_step, m, yf,
-                            p0 * o_ + ob * nr, o_, bias, ob * nr, rf, has_res, act,
-                            min(nr, o_ - ob * nr))
-            if streaming:
-                store_fence()
-
-    src.function(run, parallel=True, nogil=True)
-    return load(src).run
+    return instantiate(__name__, "gather_template.py",
+                       f"blocked_gather_nr{nr}_mr{mr}{'_streaming' if streaming else ''}",
+                       MR=mr, NVEC=nvec, NR=nr, STREAMING=streaming).run
 
 
 @njit(inline="always")

@@ -32,13 +32,13 @@ from typing import Any
 
 import numpy as np
 from llvmlite import ir
-from numba import prange, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ... import host_params
 from ..._host import ACCUMULATORS, VECTOR_BYTES
-from ..._kernel_cache import Source, load
+from ..._kernel_cache import instantiate
 from ...problem import ConvProblem
 from ...registry import register
 from ...threads import get_num_threads
@@ -124,28 +124,8 @@ def _driver(nvec: int) -> Any:
     per image, output row and output column. Each of ``workers`` threads takes an
     equal share of the tasks and walks the pixels in chunks of ``imgs`` images x
     ``rows`` output rows, all its tasks per chunk (one parallel region per call)."""
-    src = Source(__name__, f"blocked_wgrad_nr{VEC * nvec}")
-    src.expr("ukernel", f"_make_ukernel({nvec})")
-    ukernel = None  # bound in the kernel module
-
-    def run(b, v, y, tasks, b_step, v_step, ys, n_, oh_, ow_, imgs, rows, workers):  # noqa: PLR0913
-        count = tasks.shape[0]
-        for worker in prange(workers):
-            first, stop = worker * count // workers, (worker + 1) * count // workers
-            for n0 in range(0, n_, imgs):
-                nn = min(imgs, n_ - n0)
-                for h0 in range(0, oh_, rows):
-                    nh = min(rows, oh_ - h0)
-                    add = 0 if n0 == 0 and h0 == 0 else 1
-                    b_base = n0 * b_step[0] + h0 * b_step[1]
-                    v_base = n0 * v_step[0] + h0 * v_step[1]
-                    for t in range(first, stop):
-                        ukernel(b, b_base + tasks[t, 0], b_step[0], b_step[1], b_step[2],
-                                nn, nh, ow_, v, v_base + tasks[t, 1], v_step[0], v_step[1],
-                                v_step[2], tasks[t, 3], y, tasks[t, 2], ys, add)
-
-    src.function(run, parallel=True, nogil=True)
-    return load(src).run
+    return instantiate(__name__, "weight_template.py", f"blocked_wgrad_nr{VEC * nvec}",
+                       NVEC=nvec).run
 
 
 @lru_cache(maxsize=256)
