@@ -30,18 +30,26 @@ def _save(ctx: Any, x: torch.Tensor, w: torch.Tensor, conf: dict[str, Any],
     return conf
 
 
-def _weight_and_bias_grads(ctx: Any, a: torch.Tensor, b: torch.Tensor, w: torch.Tensor,
-                           dy: torch.Tensor) -> tuple[Any, Any]:
-    """(dw, db) as ``ctx`` needs them: dw the backward-weight pass of (a, b) (x and dy
-    for a conv, dy and x for a transposed one), db the sum of dy over all but its
-    channel dim."""
-    dw = db = None
+def _grads(ctx: Any, dy: torch.Tensor, transposed: bool) -> tuple[Any, Any, Any]:
+    """(dx, dw, db) as ``ctx`` needs them. A conv F: dx the backward-data pass of (dy, w),
+    dw the backward-weight pass of (x, dy). A transposed conv is the backward-data
+    pass of the conv F mapping y to x: dx = F(dy), dw = F's backward-weight of (dy, x).
+    db: the sum of dy over all but its channel dim."""
+    x, w = ctx.saved_tensors
+    args = {"algo": ctx.conf["algo"], **_geom(ctx.conf)}
+    dx = dw = db = None
+    if ctx.needs_input_grad[0] and transposed:
+        dx = dispatch.conv(dy, w, **args)
+        if tuple(dx.shape) != tuple(x.shape):  # output_padding below the dilation
+            dx = dx[tuple(slice(0, n) for n in x.shape)]
+    elif ctx.needs_input_grad[0]:
+        dx = dispatch.conv_backward_data(dy, w, x.shape, **args)
     if ctx.needs_input_grad[1]:
-        dw = dispatch.conv_backward_weight(a, b, w.shape, algo=ctx.conf["algo"],
-                                           **_geom(ctx.conf))
+        dw = dispatch.conv_backward_weight(*((dy, x) if transposed else (x, dy)), w.shape,
+                                           **args)
     if ctx.needs_input_grad[2]:
         db = dy.sum(dim=(0, *range(2, dy.dim())))
-    return dw, db
+    return dx, dw, db
 
 
 class ConvFn(torch.autograd.Function):
@@ -57,17 +65,12 @@ class ConvFn(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
-        x, w = ctx.saved_tensors
-        conf = ctx.conf
-        dx = None
-        if ctx.needs_input_grad[0]:
-            dx = dispatch.conv_backward_data(dy, w, x.shape, algo=conf["algo"], **_geom(conf))
-        return (dx, *_weight_and_bias_grads(ctx, x, dy, w, dy), None)
+        return (*_grads(ctx, dy, transposed=False), None)
 
 
 class ConvTransposeFn(torch.autograd.Function):
     """y = conv_transpose(x, w) + b on the GPU: the backward-data pass of the conv F
-    mapping y to x; dx = F(dy), dw = F's backward-weight of (dy, x)."""
+    mapping y to x (see :func:`_grads`)."""
 
     @staticmethod
     def forward(ctx: FunctionCtx, x: torch.Tensor, w: torch.Tensor,
@@ -82,11 +85,4 @@ class ConvTransposeFn(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
-        x, w = ctx.saved_tensors
-        conf = ctx.conf
-        dx = None
-        if ctx.needs_input_grad[0]:
-            dx = dispatch.conv(dy, w, algo=conf["algo"], **_geom(conf))
-            if tuple(dx.shape) != tuple(x.shape):  # output_padding below the dilation
-                dx = dx[tuple(slice(0, n) for n in x.shape)]
-        return (dx, *_weight_and_bias_grads(ctx, dy, x, w, dy), None, None)
+        return (*_grads(ctx, dy, transposed=True), None, None)
