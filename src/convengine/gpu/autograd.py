@@ -45,8 +45,8 @@ def _grads(ctx: Any, dy: torch.Tensor, transposed: bool) -> tuple[Any, Any, Any]
     elif ctx.needs_input_grad[0]:
         dx = dispatch.conv_backward_data(dy, w, x.shape, **args)
     if ctx.needs_input_grad[1]:
-        dw = dispatch.conv_backward_weight(*((dy, x) if transposed else (x, dy)), w.shape,
-                                           **args)
+        a, b = (dy, x) if transposed else (x, dy)
+        dw = dispatch.conv_backward_weight(a, b, w.shape, **args)
     if ctx.needs_input_grad[2]:
         db = dy.sum(dim=(0, *range(2, dy.dim())))
     return dx, dw, db
