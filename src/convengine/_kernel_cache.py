@@ -330,11 +330,11 @@ class _ModuleCache(_RobustCache):
     places, the index reset by an edit to any file its kernels inline, and each
     entry keyed also on the instruction-set level."""
 
-    def __init__(self, py_func: Any) -> None:
+    def __init__(self, py_func: Any, variant: str = "") -> None:
         super().__init__(py_func)
         own = self._cache_file._source_stamp
-        self._cache_file = _IndexFile(self._cache_path, self._impl.filename_base, own,
-                                      py_func.__module__)
+        base = f"{self._impl.filename_base}-{variant}" if variant else self._impl.filename_base
+        self._cache_file = _IndexFile(self._cache_path, base, own, py_func.__module__)
 
     def _index_key(self, sig: Any, codegen: Any) -> Any:
         return (*super()._index_key(sig, codegen), _host.ISA, host_params.key())
@@ -356,16 +356,18 @@ def compiled(variant: str = "", **options: Any) -> Callable[[Callable[..., Any]]
     return lambda fn: jit(fn, variant, **options)
 
 
-def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+def kernel(variant: str = "", **options: Any) -> Callable[[Callable[..., Any]], Any]:
     """``@kernel(parallel=True)``: ``numba.njit(parallel=True, cache=True)`` for a
     function of a convengine module, with the cache described above (an edit to an
-    intrinsic it inlines, or another ``CONVENGINE_ISA``, never loads stale code)."""
+    intrinsic it inlines, or another ``CONVENGINE_ISA``, never loads stale code).
+    ``variant``: one of several compilations of one function (``kernel("serial")
+    (fn)`` beside ``kernel("parallel", parallel=True)(fn)``), each with its own files."""
     if "cache" in options:
         raise TypeError("kernel() caches always: drop cache=")
 
     def wrap(fn: Callable[..., Any]) -> Any:
         dispatcher = numba.njit(**options)(fn)
-        dispatcher._cache = _ModuleCache(fn)
+        dispatcher._cache = _ModuleCache(fn, variant)
         return dispatcher
 
     return wrap

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import prange
 
-from ..._kernel_cache import Source, kernel, load
+from ..._kernel_cache import kernel
 from ...problem import ConvProblem
 from ...threads import get_num_threads
 from .forward import NOALIAS, _as2d, _cache_line_aligned, one_per_channel, output_buffer
@@ -115,15 +115,8 @@ def _kernel(dy, w, h_, w_, sh, sw, ph, pw, dh, dw, parts, raw):  # noqa: PLR0913
     return dx
 
 
-@functools.cache
-def _kernels() -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
-    """``_kernel`` compiled (parallel, serial) in a kernel module, cached on disk (its
-    name covers depthwise.py, whose ``_cache_line_aligned`` it calls)."""
-    src = Source(__name__, "depthwise_data")
-    src.function(_kernel, "parallel", parallel=True, nogil=True)
-    src.function(_kernel, "serial", nogil=True)
-    module = load(src)
-    return module.parallel, module.serial
+_parallel = kernel("parallel", parallel=True, nogil=True)(_kernel)
+_serial = kernel("serial", nogil=True)(_kernel)
 
 
 class DepthwiseDataPlan(NamedTuple):
@@ -163,9 +156,9 @@ def _backward_data_plan(problem: ConvProblem, threads: int) -> DepthwiseDataPlan
                 *_as2d(problem.dilation, 1))
     rows = n * h_
     if threads == 1 or rows == 1 or math.prod(dy4) * kh_ * kw_ < SERIAL_MACS:
-        kernel, parts = _kernels()[1], 1
+        kernel, parts = _serial, 1
     else:
-        kernel, parts = _kernels()[0], min(threads, rows)
+        kernel, parts = _parallel, min(threads, rows)
     return DepthwiseDataPlan(kernel, dy4, (c, kh_, kw_), problem.x_shape("NHWC"),
                 (h_, w_, *geometry, parts), n * h_ * w_ * c)
 

@@ -35,12 +35,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core import cpu, options
 from numba.extending import intrinsic
 
 from ... import host_params, memory
-from ..._kernel_cache import Source, load
+from ..._kernel_cache import Source, instantiate, load
 from ...epilogue_codes import Activation
 from ...problem import ConvProblem
 from ...threads import get_num_threads
@@ -48,7 +48,6 @@ from ..fma import (  # VECTOR_BYTES: 16 float32 or 8 float64 (AVX2: 8, 4)
     VECTOR_BYTES,
     prefetch,
     splat,
-    store_fence,
     vector_ops,
 )
 
@@ -413,11 +412,24 @@ def depthwise2d_kernel(  # noqa: PLR0913
     ``epilogue``: y is ``act(conv + bias)`` (bias (C,), act an :class:`Activation` of
     ``CPU_STORE``); else bias and act are not read."""
     key = (kh_, kw_, sw_, dh_, dw_, streaming, epilogue)
-    if key in _KERNELS:
-        return _KERNELS[key]
-    # the kernel module (compiled once, cached on disk): the register blocks, the
-    # generated span and edge functions over them, task and kernel below
-    src = Source(__name__, f"depthwise_{kh_}x{kw_}_s{sw_}_d{dh_}x{dw_}"
+    if key not in _KERNELS:
+        module = instantiate(__name__, "forward_template.py",
+                             f"depthwise_{kh_}x{kw_}_s{sw_}_d{dh_}x{dw_}"
+                             f"{'_streaming' if streaming else ''}"
+                             f"{'_epilogue' if epilogue else ''}",
+                             KH=kh_, KW=kw_, SW=sw_, DH=dh_, DW=dw_, STREAMING=streaming,
+                             EPILOGUE=epilogue)
+        _KERNELS[key] = module.parallel, module.serial
+    return _KERNELS[key]
+
+
+@functools.cache
+def row_kernels(kh_: int, kw_: int, sw_: int, dw_: int, streaming: bool,
+                epilogue: bool) -> Any:
+    """The generated row kernels of one kernel shape (a module of :class:`Source`:
+    the register blocks, ``span`` (:func:`_span_source`) and ``edge``
+    (:func:`_edge_source`) over them), compiled once, cached on disk."""
+    src = Source(__name__, f"depthwise_rows_{kh_}x{kw_}_s{sw_}_d{dw_}"
                  f"{'_streaming' if streaming else ''}{'_epilogue' if epilogue else ''}")
     for width in range(1, OW_BLOCK + 1):
         src.expr(f"block{width}", f"_block_intrinsic({kh_}, {kw_}, {sw_}, {dw_}, {width}, "
@@ -430,75 +442,7 @@ def depthwise2d_kernel(  # noqa: PLR0913
     src.code(_edge_source(kw_, epilogue), "edge")
     src.jit("span", **NOALIAS)
     src.jit("edge", **NOALIAS)
-    span = edge = None  # bound in the kernel module
-    reach = (kw_ - 1) * dw_ + 1  # input columns one output pixel reads
-
-    def task(x, wk, y, buf, r0, r1, c0, sh, ph, pw, bias, act):  # noqa: PLR0913
-        """Output rows r0:r1 (over n and oh) of channels c0:c0+cb, cb = buf.shape[2].
-        Pixels read x in place: tap rows above or below x masked off, the first and
-        last columns with only the taps inside x. Where some pixel has no tap column
-        inside x, every row (where a row has no tap row inside x, that row) reads
-        zero-padded copies of its input rows in buf (KH, Wp, cb) instead."""
-        h_, w_, c_ = x.shape[1], x.shape[2], x.shape[3]
-        oh_, ow_ = y.shape[1], y.shape[2]
-        cb = buf.shape[2]
-        plane = buf.shape[1] * cb
-        # columns whose taps all fall inside x: [lo, hi)
-        lo = min(ow_, (pw + sw_ - 1) // sw_)
-        hi = max(lo, min(ow_, (w_ - 1 + pw - (reach - 1)) // sw_ + 1))
-        # the other columns' taps inside x, j0 <= j < j1; rows of buf if one is empty
-        windows = np.empty((ow_, 2), dtype=np.intp)
-        padded = False
-        for ow in range(ow_):
-            first = ow * sw_ - pw
-            j0 = min(kw_, max(0, (-first + dw_ - 1) // dw_))
-            j1 = max(0, min(kw_, (w_ - 1 - first) // dw_ + 1))
-            windows[ow, 0], windows[ow, 1] = j0, j1
-            padded = padded or j0 >= j1
-        every_row = (1 << kh_) - 1
-        for r in range(r0, r1):
-            n, oh = r // oh_, r % oh_
-            ih0 = oh * sh - ph
-            yo = (n * oh_ + oh) * ow_ * c_ + c0
-            rows = 0  # the tap rows inside x
-            for i in range(kh_):
-                if 0 <= ih0 + i * dh_ < h_:
-                    rows |= 1 << i
-            if padded or rows == 0:
-                for i in range(kh_):
-                    _fill(buf, i, x, n, ih0 + i * dh_, -pw, buf.shape[1], c0)
-                span(y, yo, buf, 0, plane, cb, wk, c0, cb, 0, ow_, 0, every_row, bias, act)
-                continue
-            row = ((n * h_ + ih0) * w_) * c_ + c0  # tap row 0, which may lie outside x
-            for ow in range(lo):
-                edge(y, yo + ow * c_, x, row + (ow * sw_ - pw) * c_, dh_ * w_ * c_, c_, wk,
-                     c0, cb, windows[ow, 0], windows[ow, 1], rows, bias, act)
-            span(y, yo, x, row, dh_ * w_ * c_, c_, wk, c0, cb, lo, hi, lo * sw_ - pw, rows,
-                 bias, act)
-            for ow in range(hi, ow_):
-                edge(y, yo + ow * c_, x, row + (ow * sw_ - pw) * c_, dh_ * w_ * c_, c_, wk,
-                     c0, cb, windows[ow, 0], windows[ow, 1], rows, bias, act)
-        if streaming:
-            store_fence()
-
-    def kernel(x, wk, oh_, ow_, sh, ph, pw, row_parts, channel_parts, raw,  # noqa: PLR0913
-               bias, act):
-        n_, c_ = x.shape[0], x.shape[3]
-        y = _cache_line_aligned(raw, n_, oh_, ow_, c_)
-        rows = y.shape[0] * y.shape[1]
-        wp_ = (y.shape[2] - 1) * sw_ + reach
-        chunks = (c_ + GRAIN - 1) // GRAIN
-        for task_id in prange(row_parts * channel_parts):
-            p, g = task_id // channel_parts, task_id % channel_parts
-            c0 = min(c_, g * chunks // channel_parts * GRAIN)
-            c1 = min(c_, (g + 1) * chunks // channel_parts * GRAIN)
-            buf = np.empty((kh_, wp_, c1 - c0), dtype=y.dtype)
-            task(x, wk, y, buf, p * rows // row_parts, (p + 1) * rows // row_parts,
-                 c0, sh, ph, pw, bias, act)
-        return y
-
-    _KERNELS[key] = compile_tasks(src, task, kernel)
-    return _KERNELS[key]
+    return load(src)
 
 
 def _split(rows: int, channels: int, threads: int) -> tuple[int, int]:
@@ -589,17 +533,6 @@ def _served(problem: ConvProblem) -> bool:
     """:func:`one_per_channel`, with at most MAX_TAPS taps (compile time grows with
     the unrolled taps)."""
     return one_per_channel(problem) and math.prod(problem.kernel) <= MAX_TAPS
-
-
-def compile_tasks(src: Source, task: Any, kernel: Any) -> tuple[Any, Any]:
-    """Compile a depthwise family's generated module: ``task`` (one block of work) and
-    ``kernel`` (the loop over blocks) as a parallel and a serial kernel; returns
-    (parallel, serial)."""
-    src.function(task, **NOALIAS)
-    src.function(kernel, "parallel", parallel=True, nogil=True)
-    src.function(kernel, "serial", nogil=True)
-    module = load(src)
-    return module.parallel, module.serial
 
 
 def _as2d(values: tuple[int, ...], lead: int) -> tuple[int, int]:

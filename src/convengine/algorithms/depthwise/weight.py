@@ -33,16 +33,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from llvmlite import ir
-from numba import prange, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..._host import ACCUMULATORS
-from ..._kernel_cache import Source
+from ..._kernel_cache import instantiate
 from ...problem import ConvProblem
 from ...threads import get_num_threads
 from ..fma import prefetch, splat, vector_ops
-from .forward import MAX_TAPS, VECTOR_BYTES, _as2d, _served, compile_tasks
+from .forward import MAX_TAPS, _as2d, _served
 
 # vectors of channels per register block: its KH*KW x NVEC accumulators stay in
 # registers (2 with AVX-512, 1 with AVX2)
@@ -231,56 +231,11 @@ def weight_kernel(
     dh, parts)`` overwrites dw; ``parts`` tasks each sum a block of output rows into
     their own partial. The serial one runs its tasks in turn on the calling thread."""
     key = (kh_, kw_, sw_, dw_)
-    if key in _KERNELS:
-        return _KERNELS[key]
-    # the kernel module (compiled once, cached on disk): the rows intrinsic, task and
-    # kernel below
-    src = Source(__name__, f"depthwise_weight_{kh_}x{kw_}_s{sw_}_d{dw_}")
-    src.expr("rows", f"_rows_intrinsic({kh_}, {kw_}, {sw_}, {dw_})")
-    rows = None  # bound in the kernel module
-    reach = (kw_ - 1) * dw_ + 1  # input columns one output pixel reads
-
-    def task(x, dy, acc, r0, r1, sh, ph, pw, dh, band):  # noqa: PLR0913
-        """acc (KH*KW, C) <- the sums over output rows r0:r1 (over n and oh)."""
-        h_, w_, c_ = x.shape[1], x.shape[2], x.shape[3]
-        oh_, ow_ = dy.shape[1], dy.shape[2]
-        acc[...] = 0
-        # columns whose taps all fall inside x: [lo, hi)
-        lo = min(ow_, (pw + sw_ - 1) // sw_)
-        hi = max(lo, min(ow_, (w_ - 1 + pw - (reach - 1)) // sw_ + 1))
-        info = np.empty((r1 - r0, 3), dtype=np.intp)
-        for r in range(r0, r1):
-            n, oh = r // oh_, r % oh_
-            ih0 = oh * sh - ph
-            bits = 0
-            for i in range(kh_):
-                if 0 <= ih0 + i * dh < h_:
-                    bits |= 1 << i
-            info[r - r0, 0] = (n * h_ + ih0) * w_ * c_
-            info[r - r0, 1] = (n * oh_ + oh) * ow_ * c_
-            info[r - r0, 2] = bits
-        lanes = NVEC * VECTOR_BYTES // x.itemsize
-        for b0 in range(0, r1 - r0, band):
-            b1 = min(r1 - r0, b0 + band)
-            for c0 in range(0, c_, lanes):
-                rows(acc, x, dy, info, c0, dh * w_ * c_, c_, b0, b1, ow_, lo, hi, -pw, w_,
-                     min(lanes, c_ - c0))
-
-    def kernel(x, dy, dw, sh, ph, pw, dh, band, parts):  # noqa: PLR0913
-        c_, taps = dw.shape
-        total = dy.shape[0] * dy.shape[1]
-        part = np.empty((parts, taps, c_), dtype=dw.dtype)
-        for p in prange(parts):
-            task(x, dy, part[p], p * total // parts, (p + 1) * total // parts, sh, ph, pw, dh,
-                 band)
-        for c in range(c_):
-            for t in range(taps):
-                s = part[0, t, c]
-                for p in range(1, parts):
-                    s += part[p, t, c]
-                dw[c, t] = s
-
-    _KERNELS[key] = compile_tasks(src, task, kernel)
+    if key not in _KERNELS:
+        module = instantiate(__name__, "weight_template.py",
+                             f"depthwise_weight_{kh_}x{kw_}_s{sw_}_d{dw_}",
+                             KH=kh_, KW=kw_, SW=sw_, DW=dw_)
+        _KERNELS[key] = module.parallel, module.serial
     return _KERNELS[key]
 
 
