@@ -1,0 +1,55 @@
+"""Kernel template (see ``convengine._kernel_cache``): the blocked forward over
+gathered micro-tiles of ``MR`` output pixels x ``NR = VEC * NVEC`` channels (stored
+non-temporally if ``STREAMING``); made by
+:func:`convengine.algorithms.blocked.forward._gather_driver`, whose docstring says what
+``run`` computes."""
+
+import numpy as np
+from numba import prange
+
+from convengine._kernel_cache import compiled, parameters
+from convengine.algorithms.blocked.forward import _make_ukernel
+from convengine.algorithms.fma import store_fence
+
+MR, NVEC, NR, STREAMING = parameters(__name__, "MR", "NVEC", "NR", "STREAMING")
+ukernel = _make_ukernel(MR, NVEC, gather=True, streaming=STREAMING)
+
+
+@compiled(parallel=True, nogil=True)
+def run(xp, wf, y, bias, res, has_res, act, sh, sw, dh, dw, per_task,  # noqa: PLR0913
+        blocks_inside, kh_, kw_, w_first, w_block, w_row, w_col, w_step, fused):
+    n_, hp, wpx, c_ = xp.shape
+    _, oh_, ow_, o_ = y.shape
+    blocks = (o_ + NR - 1) // NR
+    xf, yf, rf = xp.reshape(-1), y.reshape(-1), res.reshape(-1)
+    image, pixels = oh_ * ow_, n_ * oh_ * ow_
+    tiles = (pixels + MR - 1) // MR
+    # fused: a kernel row's taps are one contiguous run of kw * c, input and weights
+    taps, run_len = (1, kw_ * c_) if fused else (kw_, c_)
+    # a task: its tiles times one block, or times every block (each pixel's
+    # channels then written at once, the tile's input read from L1)
+    task_blocks = 1 if blocks_inside else blocks
+    for t in prange(((tiles + per_task - 1) // per_task) * task_blocks):
+        g, b0 = t // task_blocks, t % task_blocks
+        offsets = np.empty(MR, np.intp)
+        first = g * per_task
+        # the output pixel (n, i, j) walked along, without a division per pixel
+        n, q = (first * MR) // image, (first * MR) % image
+        i, j = q // ow_, q % ow_
+        for tile in range(first, min(tiles, first + per_task)):
+            p0 = tile * MR
+            m = min(MR, pixels - p0)
+            for r in range(m):
+                offsets[r] = ((n * hp + i * sh) * wpx + j * sw) * c_
+                j += 1
+                if j == ow_:
+                    j, i = 0, i + 1
+                    if i == oh_:
+                        i, n = 0, n + 1
+            for ob in range(b0, blocks if blocks_inside else b0 + 1):
+                ukernel(xf, offsets, dh * wpx * c_, dw * c_, kh_, taps, run_len, wf,
+                        w_first + ob * w_block, w_row, w_col, w_step, m, yf,
+                        p0 * o_ + ob * NR, o_, bias, ob * NR, rf, has_res, act,
+                        min(NR, o_ - ob * NR))
+        if STREAMING:
+            store_fence()
