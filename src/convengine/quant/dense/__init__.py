@@ -2,5 +2,5 @@
 
 - ``kernels``: the drivers (portable, AVX2, VNNI, AMX) and their shared epilogue.
 - ``vnni``, ``amx``, ``avx2``: the micro-kernels per instruction set (LLVM IR).
-- ``quant.reference``: numpy int64, exactly what they compute (both int8 families).
+- ``reference``: numpy int64, exactly what they compute (the general grouped conv).
 """

@@ -2,5 +2,5 @@
 
 - ``kernels``: the portable and VNNI (AVX-512) kernels and their generated rows.
 - ``avx2``: the AVX2 kernels.
-- ``quant.reference``: numpy int64, exactly what they compute (both int8 families).
+- ``reference``: numpy int64, exactly what they compute (per channel).
 """

@@ -1,5 +1,5 @@
-"""What the int8 kernels compute, in numpy int64: the reference of the int8 family
-(dense: portable, AVX2, VNNI, AMX; depthwise: portable, AVX2, VNNI), for their tests.
+"""What the int8 dense kernels compute, in numpy int64: the reference of the dense
+family (portable, AVX2, VNNI, AMX), the general grouped convolution, for their tests.
 
 Channels-last throughout: x ``(N, *S, C)``, w ``(O, *K, C // groups)``, y ``(N,
 *S_out, O)``, 1-3 spatial dims. :func:`accumulate` is every kernel's exact sum
@@ -7,7 +7,9 @@ Channels-last throughout: x ``(N, *S, C)``, w ``(O, *K, C // groups)``, y ``(N,
 group's channels, wrapped to int32 as the kernels' sums wrap; :func:`conv` finishes it
 as the plan's :class:`~convengine.epilogue_codes.Epilogue` says: REQUANT_FLOAT and
 REQUANT_INT32 by :func:`~convengine.quant.numerics.apply_requant` (the requantization's
-reference, with ReLU as its clamp), RAW as ``acc + bias`` in int32.
+reference, with ReLU as its clamp), RAW as ``acc + bias`` in int32. The depthwise
+family's own reference (``quant.depthwise.reference``) is the per-channel case, written
+apart.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..epilogue_codes import Epilogue
-from .numerics import Requant, apply_requant
+from ...epilogue_codes import Epilogue
+from ..numerics import Requant, apply_requant
 
 
 def _wrap32(v: np.ndarray) -> np.ndarray:
