@@ -27,16 +27,12 @@ from convengine.bench.suites import suite
 HOME = "convengine._kernel_cache"  # any importable module will do as the kernels' home
 
 
-def _scaler(k: int):  # noqa: ANN202
-    def scale(a):
-        return a * k + 1.0
-
-    return scale
-
-
 def _source(k: int, tag: str = "test_scale") -> kc.Source:
+    """A kernel module with ``scale(a) = a * k + 1`` (k a literal of its text)."""
     src = kc.Source(HOME, tag)
-    src.function(_scaler(k), nogil=True)
+    src.value("k", k)
+    src.code("def scale(a):\n    return a * k + 1.0\n", "scale")
+    src.jit("scale", nogil=True)
     return src
 
 
@@ -162,24 +158,64 @@ def test_a_slow_compile_logs_one_line(cache: Path, monkeypatch: pytest.MonkeyPat
     assert len(lines) == 1 and "test_logged" in lines[0], lines
 
 
-def test_source_refuses_unbound_closures_and_bad_tags() -> None:
-    helper = 1.5
-
-    def uses(a):
-        return a * helper
-
-    src = kc.Source(HOME, "t")
-    src.function(uses)  # a float: bound as a literal
-    assert "helper = 1.5" in src.text
-    obj = object()
-
-    def needs(a):
-        return obj
-
-    with pytest.raises(ValueError, match="obj"):
-        kc.Source(HOME, "t").function(needs)
+def test_source_refuses_bad_tags() -> None:
     with pytest.raises(ValueError, match="tag"):
         kc.Source(HOME, "a-b")
+
+
+TEMPLATE = '''"""A test template: scale(a) = a * K + B, compiled twice."""
+from convengine._kernel_cache import compiled, parameters
+
+K, B = parameters(__name__, "K", "B")
+
+
+def scale(a):
+    return a * K + B
+
+
+parallel = compiled("parallel", parallel=True)(scale)
+serial = compiled("serial")(scale)
+'''
+
+
+@pytest.fixture
+def template(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path) -> str:
+    """A module ``ce_template_home`` with ``scale_template.py`` beside it."""
+    (tmp_path / "ce_template_home.py").write_text("")
+    (tmp_path / "scale_template.py").write_text(TEMPLATE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ce_template_home", raising=False)
+    return "ce_template_home"
+
+
+def test_a_template_runs_verbatim_per_constant_set(template: str, cache: Path) -> None:
+    a = np.arange(3.0)
+    two = kc.instantiate(template, "scale_template.py", "scale", K=2.0, B=1.0)
+    three = kc.instantiate(template, "scale_template.py", "scale", K=3.0, B=0.0)
+    np.testing.assert_array_equal(two.parallel(a), [1.0, 3.0, 5.0])
+    np.testing.assert_array_equal(two.serial(a), [1.0, 3.0, 5.0])
+    np.testing.assert_array_equal(three.serial(a), [0.0, 3.0, 6.0])
+    assert kc.instantiate(template, "scale_template.py", "scale", K=2.0, B=1.0) is two
+    files = sorted(cache.glob("scale_*.py"))
+    assert len(files) == 2 and all(f.read_text() == TEMPLATE for f in files)
+    # one function compiled twice: each variant its own numba index beside the module
+    indexes = {p.name for p in (cache / "__pycache__").glob("*.nbi")}
+    assert any("-parallel" in n for n in indexes) and any("-serial" in n for n in indexes)
+
+
+def test_template_constants_are_literals_and_complete(template: str) -> None:
+    with pytest.raises(TypeError, match="K: a template constant must be a literal"):
+        kc.instantiate(template, "scale_template.py", "scale", K=np.float64(2.0), B=1.0)
+    with pytest.raises(TypeError, match=r"needs the constants \['B'\]"):
+        kc.instantiate(template, "scale_template.py", "scale_b", K=2.0)
+    with pytest.raises(RuntimeError, match="is a kernel template"):
+        kc.parameters("convengine.algorithms.blocked.rows_template", "MR")
+
+
+def test_a_template_key_covers_the_modules_it_imports() -> None:
+    text = (Path(kc.__file__).parent / "algorithms" / "winograd" / "fused_template.py").read_bytes()
+    assert {"convengine.algorithms.fma", "convengine.algorithms.winograd.kernels"} <= set(
+        kc._imported(text))
 
 
 def test_warmup_compiles_without_tuning_unless_asked(tmp_path: Path,

@@ -47,6 +47,7 @@ it; its text is a readable module in the cache directory.
 
 from __future__ import annotations
 
+import ast
 import atexit
 import contextlib
 import hashlib
@@ -206,24 +207,6 @@ class Source:
         """Source text defining ``names`` (e.g. generated function definitions)."""
         self._lines.append(text.rstrip("\n"))
         self._names.update(names)
-
-    def function(self, fn: Callable[..., Any], name: str | None = None, **jit: Any) -> None:
-        """TEMPORARY (removed once every family uses templates)."""
-        import inspect
-        import textwrap
-        name = name or fn.__name__
-        cells = zip(fn.__code__.co_freevars, fn.__closure__ or ())
-        for var, cell in cells:
-            if var not in self._names and type(cell.cell_contents) in _LITERALS:
-                self.value(var, cell.cell_contents)
-        missing = set(fn.__code__.co_freevars) - self._names
-        if missing:
-            raise ValueError(f"fn: {fn.__qualname__} needs {sorted(missing)} bound first")
-        text = textwrap.dedent(inspect.getsource(fn))
-        start = re.search(r"^def ", text, re.MULTILINE)
-        assert start is not None
-        self.code(re.sub(r"^def \w+\(", f"def {name}(", text[start.start():], count=1), name)
-        self.jit(name, **jit)
 
     def jit(self, name: str, **jit: Any) -> None:
         """Compile the function ``name`` (defined already) with options ``jit``."""
@@ -471,7 +454,16 @@ def instantiate(home: str, template: str, tag: str, **constants: Any) -> ModuleT
                             f"{type(value).__name__}")
     text = (Path(str(importlib.import_module(home).__file__)).parent / template).read_bytes()
     salt = repr(sorted(constants.items())).encode()
+    for module in _imported(text):  # and what they inline, transitively
+        salt += source_digest(module).encode()
     return _import(tag, text, home, salt, constants)
+
+
+def _imported(text: bytes) -> list[str]:
+    """The convengine modules a template imports from."""
+    return sorted({node.module for node in ast.walk(ast.parse(text))
+                   if isinstance(node, ast.ImportFrom) and node.module
+                   and node.module.startswith("convengine.")})
 
 
 def _literal(value: object) -> bool:

@@ -77,39 +77,37 @@ def _assert_stored(got: np.ndarray, want: np.ndarray, magnitude: np.ndarray, n: 
 # ---------------------------------------------------------------- harnesses
 
 
+GATHERED = ("x, offsets, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr, y, y_off, ys, bias, "
+            "b_off, res, has_res, act, valid")
+CONTIGUOUS = "x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys"
+WEIGHT = "d, d_off, dn, dh, dw, nn, nh, nw, x, x_off, xn, xh, xw, mr, y, y_off, ys, add"
+
+
+def _harness(home: str, tag: str, ukernel: str, args: str) -> Any:
+    """``call(args)``: the intrinsic made by the expression ``ukernel`` (in the module
+    ``home``), called with the same arguments, compiled in a kernel module."""
+    src = Source(home, tag)
+    src.expr("ukernel", ukernel)
+    src.code(f"def call({args}):\n    ukernel({args})\n", "call")
+    src.jit("call")
+    return load(src).call
+
+
 @cache
 def _forward_ukernel(mr: int, nvec: int, gather: bool, streaming: bool) -> Any:
     """``forward._make_ukernel(mr, nvec, gather, streaming)`` as a jitted function of
     the same arguments."""
-    src = Source(forward.__name__, f"test_blocked_ukernel_{mr}x{nvec}_{int(gather)}{int(streaming)}")
-    src.expr("ukernel", f"_make_ukernel({mr}, {nvec}, gather={gather}, streaming={streaming})")
-    ukernel = None  # bound in the kernel module
-
-    def gathered(x, offsets, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr, y, y_off, ys,
-                 bias, b_off, res, has_res, act, valid):
-        ukernel(x, offsets, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr, y, y_off, ys,
-                bias, b_off, res, has_res, act, valid)
-
-    def contiguous(x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys):
-        ukernel(x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys)
-
-    harness = gathered if gather else contiguous
-    src.function(harness, "call")
-    return load(src).call
+    return _harness(forward.__name__,
+                    f"test_blocked_ukernel_{mr}x{nvec}_{int(gather)}{int(streaming)}",
+                    f"_make_ukernel({mr}, {nvec}, gather={gather}, streaming={streaming})",
+                    GATHERED if gather else CONTIGUOUS)
 
 
 @cache
 def _weight_ukernel(nvec: int) -> Any:
     """``weight._make_ukernel(nvec)`` as a jitted function of the same arguments."""
-    src = Source(weight.__name__, f"test_blocked_wgrad_ukernel_{nvec}")
-    src.expr("ukernel", f"_make_ukernel({nvec})")
-    ukernel = None  # bound in the kernel module
-
-    def call(d, d_off, dn, dh, dw, nn, nh, nw, x, x_off, xn, xh, xw, mr, y, y_off, ys, add):
-        ukernel(d, d_off, dn, dh, dw, nn, nh, nw, x, x_off, xn, xh, xw, mr, y, y_off, ys, add)
-
-    src.function(call)
-    return load(src).call
+    return _harness(weight.__name__, f"test_blocked_wgrad_ukernel_{nvec}",
+                    f"_make_ukernel({nvec})", WEIGHT)
 
 
 # ---------------------------------------------------------------- forward micro-kernel

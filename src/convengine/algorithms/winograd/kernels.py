@@ -24,6 +24,7 @@ docs/performance.md (F(4x4,3x3) about 10x F(2x2,3x3)).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -31,7 +32,7 @@ import numpy as np
 from numba import prange
 
 from ... import _kernel_cache, host_params, memory, registry
-from ..._kernel_cache import Source, load
+from ..._kernel_cache import Source, instantiate, load
 from ...finite import nonfinite
 from ...problem import ConvProblem
 from ...registry import register
@@ -42,7 +43,7 @@ from .._transforms import (
     flipped_view,
 )
 from ..direct import NOALIAS
-from ..fma import MR, gemm_6xnr, lanes, make_sandwich, nr  # noqa: F401  (kernel modules)
+from ..fma import MR, nr
 from ..weight_cache import WeightCache
 
 # (B^T, G, A^T) per output tile size m for r = 3
@@ -163,13 +164,23 @@ def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
     straight from x, tiles meeting the padding or far edges from a zero-padded copy.
     ``check[p]`` gains 0 times sums of outputs: NaN if one was not finite."""
     key = (ndim, m, np.dtype(dtype).name)
-    if key in _KERNELS:
-        return _KERNELS[key]
+    if key not in _KERNELS:
+        _KERNELS[key] = instantiate(__name__, "fused_template.py",
+                                    f"winograd_{ndim}d_f{m}_{key[2]}", NDIM=ndim, M=m,
+                                    DTYPE=key[2]).fused
+    return _KERNELS[key]
+
+
+@functools.cache
+def transform_tails(ndim: int, m: int, dtype: str) -> Any:
+    """The transforms' scalar tails for the channels past the last whole vector (a
+    module of :class:`Source`, generated from the matrices, cached on disk):
+    ``tail_in(src, n, h0, w0, tmp, dst, t, lo)`` writes ``dst[:, t, lo:]`` from the
+    tile of ``src`` (N,H,W,C) at (n, h0, w0); ``tail_out(src, t, tmp, dst, n, h0, w0,
+    k0, lo, nc, chk)`` writes ``dst[n, h0:, w0:, k0 + lo:k0 + nc]`` from ``src[:, t]``."""
     bth, btw, _, _, ath, atw = _matrices(ndim, m)
-    # the kernel module (compiled once, cached on disk): the transforms' scalar tails
-    # generated from the matrices, their vector intrinsics, and the functions below
-    src = Source(__name__, f"winograd_{ndim}d_f{m}_{key[2]}")
-    src.expr("F", f"np.{key[2]}")
+    src = Source(__name__, f"winograd_tails_{ndim}d_f{m}_{dtype}")
+    src.expr("F", f"np.{dtype}")
     src.code(_sandwich_source(
         "tail_in", "src, n, h0, w0, tmp, dst, t, lo", bth, btw,
         "src[n, h0 + {k}, w0 + {j}, c]", "dst[{ij}, t, c]", "src.shape[3]"), "tail_in")
@@ -178,94 +189,7 @@ def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
         "src[{kj}, t, c]", "dst[n, h0 + {i}, w0 + {j}, k0 + c]", "nc", check=True), "tail_out")
     src.jit("tail_in", **NOALIAS)
     src.jit("tail_out", **NOALIAS)
-    src.expr("vector_in", f"make_sandwich(*_matrices({ndim}, {m})[:2], check=False)")
-    src.expr("vector_out", f"make_sandwich(*_matrices({ndim}, {m})[4:], check=True)")
-    tail_in = tail_out = vector_in = vector_out = None  # bound in the kernel module
-    ah, aw, mh, mw = bth.shape[0], btw.shape[0], ath.shape[0], atw.shape[0]
-    alpha2, width = ah * aw, nr(np.dtype(dtype).itemsize)
-    vec = lanes(np.dtype(dtype).itemsize)
-
-    def transform_in(src, n, h0, w0, tmp, v, t, chk):
-        """Tile at src[n, h0:h0 + ah, w0:w0 + aw] -> v[:, t]."""
-        _, h_, w_, c_ = src.shape
-        block = v.shape[1]
-        lo = c_ // vec * vec
-        vector_in(src, ((n * h_ + h0) * w_ + w0) * c_, w_ * c_, c_, v, t * c_,
-                  aw * block * c_, block * c_, c_ // vec, chk)
-        if lo < c_:
-            tail_in(src, n, h0, w0, tmp, v, t, lo)
-
-    def transform_out(prod, t, tmp, y, n, h0, w0, k0, nc, chk):
-        """prod[:, t, :nc] -> y[n, h0:h0 + mh, w0:w0 + mw, k0:k0 + nc]."""
-        _, oh_, ow_, o_ = y.shape
-        block = prod.shape[1]
-        lo = nc // vec * vec
-        vector_out(prod, t * width, aw * block * width, block * width, y,
-                   ((n * oh_ + h0) * ow_ + w0) * o_ + k0, ow_ * o_, o_, nc // vec, chk)
-        if lo < nc:
-            tail_out(prod, t, tmp, y, n, h0, w0, k0, lo, nc, chk)
-
-    def fused(x, up, y, pad_h, pad_w, tiles_h, tiles_w, block, parts_k,  # noqa: PLR0913
-              v_all, prod_all, check):
-        n_, h_, w_, c_ = x.shape
-        _, oh_, ow_, o_ = y.shape
-        total, nkb, parts = n_ * tiles_h * tiles_w, up.shape[0], v_all.shape[0]
-        parts_t = parts // parts_k
-        for p in prange(parts):
-            pt, pk = p // parts_k, p % parts_k
-            v, prod, chk = v_all[p], prod_all[p], check[p]
-            patch = np.zeros((1, ah, aw, c_), dtype=x.dtype)
-            tmp_in = np.empty((alpha2, c_), dtype=x.dtype)
-            tmp_out = np.empty((mh * aw, width), dtype=x.dtype)
-            res = np.empty((1, mh, mw, width), dtype=x.dtype)
-            end = (pt + 1) * total // parts_t
-            for t0 in range(pt * total // parts_t, end, block):
-                b = min(block, end - t0)
-                for t in range(b):
-                    tile = t0 + t
-                    n = tile // (tiles_h * tiles_w)
-                    h0 = (tile // tiles_w) % tiles_h * mh - pad_h
-                    w0 = tile % tiles_w * mw - pad_w
-                    if h0 >= 0 and w0 >= 0 and h0 + ah <= h_ and w0 + aw <= w_:
-                        transform_in(x, n, h0, w0, tmp_in, v, t, chk)
-                        continue
-                    for k in range(ah):
-                        for j in range(aw):
-                            ih, iw = h0 + k, w0 + j
-                            inside = 0 <= ih < h_ and 0 <= iw < w_
-                            for c in range(c_):
-                                patch[0, k, j, c] = x[n, ih, iw, c] if inside else 0
-                    transform_in(patch, 0, 0, 0, tmp_in, v, t, chk)
-                for kb in range(pk * nkb // parts_k, (pk + 1) * nkb // parts_k):
-                    for a in range(alpha2):
-                        u_off = (kb * alpha2 + a) * c_ * width
-                        for c0 in range(0, c_, CHAIN):  # partial sums of CHAIN terms
-                            for r0 in range(0, b, MR):  # the weight rows stay in L1
-                                gemm_6xnr(v, (a * block + r0) * c_ + c0, c_, up,
-                                          u_off + c0 * width, min(CHAIN, c_ - c0),
-                                          min(MR, b - r0), prod, (a * block + r0) * width,
-                                          width, c0 > 0)
-                    k0 = kb * width
-                    nc = min(width, o_ - k0)
-                    for t in range(b):
-                        tile = t0 + t
-                        n = tile // (tiles_h * tiles_w)
-                        h0 = (tile // tiles_w) % tiles_h * mh
-                        w0 = tile % tiles_w * mw
-                        if h0 + mh <= oh_ and w0 + mw <= ow_:
-                            transform_out(prod, t, tmp_out, y, n, h0, w0, k0, nc, chk)
-                            continue
-                        transform_out(prod, t, tmp_out, res, 0, 0, 0, 0, nc, chk)
-                        for i in range(min(mh, oh_ - h0)):
-                            for j in range(min(mw, ow_ - w0)):
-                                for c in range(nc):
-                                    y[n, h0 + i, w0 + j, k0 + c] = res[0, i, j, c]
-
-    src.function(transform_in, **NOALIAS)
-    src.function(transform_out, **NOALIAS)
-    src.function(fused, parallel=True, **NOALIAS)
-    _KERNELS[key] = load(src).fused
-    return _KERNELS[key]
+    return load(src)
 
 
 # --------------------------------------------------------------- weight transforms
