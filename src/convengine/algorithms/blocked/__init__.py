@@ -5,6 +5,8 @@
   backward-data as a forward conv over flipped weights.
 - ``strided``: the space-to-depth rewrite of strided convolutions for it.
 - ``weight``: backward-weight as a GEMM over the same panels.
+- ``rows_template``, ``gather_template``, ``weight_template``: the drivers around the
+  micro-kernels, one compiled module per tile shape (``convengine._kernel_cache``).
 - ``reference``: numpy, exactly what one micro-kernel call computes (for the tests).
 
 Importing the package registers the ``blocked`` algorithms.
