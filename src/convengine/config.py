@@ -22,10 +22,11 @@ setting            environment variable        default      meaning
 ``max_elements``   ``CONVENGINE_MAX_ELEMENTS`` ``2**31``    largest array a problem may need
 ``cache_dir``      ``CONVENGINE_CACHE_DIR``    ``~/.cache/convengine``  tuning and kernel caches
 ``isa``            ``CONVENGINE_ISA``          the CPU's    read at import; see :mod:`._host`
+``checked``        ``CONVENGINE_CHECKED``      ``False``    read at import; see :mod:`.checked`
 =================  ==========================  ===========  ==================================
 
-``isa`` is read once at import (the kernels' vector width is fixed then): set the
-environment variable before ``import convengine``. The others apply from the next
+``isa`` and ``checked`` are read once at import (the kernels are compiled for them):
+set the environment variables before ``import convengine``. The others apply from the next
 call. :data:`generation` counts the changes, so that a memo of a choice that depends
 on the settings knows when to forget it.
 """
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import _host, environment, threads
+from . import _host, checked, environment, threads
 from .errors import ConvSetupError
 
 TUNING_MODES = ("off", "on", "cache-only")
@@ -72,6 +73,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("isa", "CONVENGINE_ISA", "the CPU's",
             "the instruction set the kernels use ('avx2', 'avx512', 'avx512_vnni', 'amx'),"
             " at most the CPU's; read at import"),
+    Setting("checked", "CONVENGINE_CHECKED", False,
+            "kernels check every tile's range against their buffers (BoundsError), the"
+            " memory pool guards and poisons its blocks; read at import"),
 )}
 
 _explicit: dict[str, Any] = {}  # the values set in this process
@@ -132,6 +136,8 @@ def get(name: str) -> Any:
         return threads.get_num_threads()
     if name == "isa":
         return _host.ISA
+    if name == "checked":
+        return checked.CHECKED
     if name not in SETTINGS:
         raise ConvSetupError(f"unknown setting {name!r}; expected one of {sorted(SETTINGS)}")
     if name in _explicit:
@@ -163,19 +169,19 @@ def set(**settings: Any) -> dict[str, Any]:  # noqa: A001 - config.set, as the u
     Returns the previous explicit values (None where the environment was followed),
     so that ``set(**previous)`` restores them. All are checked before any changes."""
     global generation
-    checked: dict[str, Any] = {}
+    valid: dict[str, Any] = {}
     for name, value in settings.items():
-        if name == "isa":
-            raise ConvSetupError("isa is fixed at import: set $CONVENGINE_ISA before "
-                                 "importing convengine")
+        if name in ("isa", "checked"):
+            raise ConvSetupError(f"{name} is fixed at import: set ${SETTINGS[name].env} "
+                                 "before importing convengine")
         if name not in SETTINGS:
             raise ConvSetupError(f"unknown setting {name!r}; expected one of {sorted(SETTINGS)}")
         if name == "threads":
-            checked[name] = value
+            valid[name] = value
         else:
-            checked[name] = None if value is None else _PARSERS[name](value, name)
+            valid[name] = None if value is None else _PARSERS[name](value, name)
     previous: dict[str, Any] = {}
-    for name, value in checked.items():
+    for name, value in valid.items():
         if name == "threads":
             previous[name] = threads.get_num_threads()
             if value is not None:

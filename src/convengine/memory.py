@@ -19,6 +19,13 @@ found enough free bytes in blocks of other sizes: a network whose passes repeat
 finds its blocks after a pass or two, and one whose blocks fit never holds more than
 its peak in use (or ``SLACK_BYTES`` beyond what it uses). Free blocks beyond
 ``POOL_BYTES`` go back to the system, oldest first; :func:`clear` returns them all.
+
+In checked mode (``CONVENGINE_CHECKED=1``, :mod:`convengine.checked`) each pooled
+array is followed by ``GUARD_BYTES`` of a known pattern, verified when its block comes
+back, and each freed block is filled with ``POISON`` (0xFF bytes: NaN as float32 and
+float64, -1 as integers), so that a kernel writing past an array, or reading a block
+after its array died, shows: :func:`check` raises :class:`~convengine.checked.BoundsError`
+for a damaged guard (and the next :func:`empty` does).
 """
 
 from __future__ import annotations
@@ -33,11 +40,16 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .checked import CHECKED, BoundsError
+
 MIN_BYTES = 1 << 20
 FIT = 2  # a free block serves requests down to 1/FIT of its size
 POOL_BYTES = 1 << 30  # free blocks kept, at most
 SLACK_BYTES = 32 << 20  # free bytes kept past a miss beyond those in use (see _take)
 ALIGN = 64
+GUARD_BYTES = 4096  # checked mode: after each pooled array
+GUARD = 0xFD
+POISON = 0xFF
 
 _lock = threading.RLock()  # re-entrant: a lease may die (and give back) under it
 _free: OrderedDict[int, np.ndarray] = OrderedDict()  # id -> free block, oldest first
@@ -45,6 +57,7 @@ _free_bytes = 0
 _live_bytes = 0  # bytes of blocks handed out and not yet back
 _peak_live_bytes = 0  # the high-water mark of _live_bytes
 _headroom_bytes = 0  # what the pool may hold beyond that mark (see _take)
+_damaged: list[str] = []  # checked mode: guards found overwritten, not yet reported
 
 
 def _reset_after_fork() -> None:
@@ -65,20 +78,46 @@ def size_class(nbytes: int) -> int:
 class _Lease:
     """The base object of a pooled array: owns its block while any view lives."""
 
-    __slots__ = ("block", "__array_interface__")
+    __slots__ = ("block", "end", "__array_interface__")
 
     def __init__(self, block: np.ndarray, nbytes: int) -> None:
         self.block = block
         address = _address(block)
+        start = -address % ALIGN
+        self.end = start + nbytes  # the array's end in the block (the guard's start)
         self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
-                                    "data": (address + -address % ALIGN, False),
-                                    "version": 3}
+                                    "data": (address + start, False), "version": 3}
+        if CHECKED:
+            block[self.end:self.end + GUARD_BYTES] = GUARD
 
     def __del__(self) -> None:
         try:
+            if CHECKED:
+                _verify(self.block, self.end)
             _give_back(self.block)
         except TypeError:  # interpreter shutdown: the module's globals are gone
             pass
+
+
+def _verify(block: np.ndarray, end: int) -> None:
+    """Checked mode: note a damaged guard after a dying array, poison its block."""
+    guard = block[end:end + GUARD_BYTES]
+    damaged = np.flatnonzero(guard != GUARD)
+    if damaged.size:
+        _damaged.append(f"{damaged.size} of the {GUARD_BYTES} guard bytes after a pooled "
+                        f"array of {end - (-_address(block) % ALIGN)} bytes were "
+                        f"overwritten (from byte {damaged[0]} past its end)")
+    block.fill(POISON)
+
+
+def check() -> None:
+    """Checked mode: raise :class:`~convengine.checked.BoundsError` if a kernel wrote
+    past a pooled array since the last check (found when the array's block came
+    back); nothing otherwise."""
+    if _damaged:
+        found = "; ".join(_damaged)
+        _damaged.clear()
+        raise BoundsError(f"convengine checked mode: {found}")
 
 
 def _take(size: int) -> np.ndarray:
@@ -149,7 +188,8 @@ def allocator(shape: Sequence[int] | int, dtype: np.typing.DTypeLike = np.float3
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < MIN_BYTES:
         return functools.partial(_aligned_fresh, nbytes, dtype, shape)
-    return functools.partial(_pooled, size_class(nbytes + ALIGN), nbytes, dtype, shape)
+    guard = GUARD_BYTES if CHECKED else 0
+    return functools.partial(_pooled, size_class(nbytes + ALIGN + guard), nbytes, dtype, shape)
 
 
 def _aligned_fresh(nbytes: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -162,6 +202,8 @@ def _aligned_fresh(nbytes: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.n
 def _pooled(size: int, nbytes: int, dtype: np.dtype, shape: tuple[int, ...]
             ) -> np.ndarray:
     """An array on a block of ``size`` bytes from the pool."""
+    if CHECKED:
+        check()
     return np.asarray(_Lease(_take(size), nbytes)).view(dtype).reshape(shape)
 
 

@@ -5,14 +5,44 @@ non-temporally if ``STREAMING``); made by
 ``run`` computes."""
 
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from convengine._kernel_cache import compiled, parameters
 from convengine.algorithms.blocked.forward import _make_ukernel
 from convengine.algorithms.fma import store_fence
+from convengine.checked import CHECKED, fail, violations, within
 
 MR, NVEC, NR, STREAMING = parameters(__name__, "MR", "NVEC", "NR", "STREAMING")
 ukernel = _make_ukernel(MR, NVEC, gather=True, streaming=STREAMING)
+BUFFERS = ("x", "w", "y", "bias", "res")
+
+
+@njit(inline="always")
+def span(first, count, stride):  # noqa: ANN001, ANN201
+    """(lowest, highest) of ``first + i * stride`` for ``i < count`` (count >= 1)."""
+    last = first + (count - 1) * stride
+    return min(first, last), max(first, last)
+
+
+@njit(inline="always")
+def inside(bad, xf, offsets, m, hs, ws, kh_, taps, run_len, wf, w_at, w_row, w_col,  # noqa: PLR0913
+           w_step, yf, y_at, ys, bias, b_at, res, has_res, lanes):  # noqa: ANN001, ANN201
+    """Whether one micro-kernel call stays inside its buffers (checked mode): x rows at
+    ``offsets[:m]`` over kh_ x taps x run_len, the weight walk's NR lanes, y (and res)
+    rows of ``lanes``, the bias's NR lanes."""
+    x_lo, x_hi = offsets[0], offsets[0]
+    for r in range(1, m):
+        x_lo, x_hi = min(x_lo, offsets[r]), max(x_hi, offsets[r])
+    x_hi += (kh_ - 1) * hs + (taps - 1) * ws + run_len
+    a_lo, a_hi = span(w_at, kh_, w_row)
+    b_lo, b_hi = span(0, taps, w_col)
+    k_lo, k_hi = span(0, run_len, w_step)
+    y_hi = y_at + (m - 1) * ys + lanes
+    return (within(bad, 1, xf.size, x_lo, x_hi)
+            and within(bad, 2, wf.size, a_lo + b_lo + k_lo, a_hi + b_hi + k_hi + NR)
+            and within(bad, 3, yf.size, y_at, y_hi)
+            and within(bad, 4, bias.size, b_at, b_at + NR)
+            and (not has_res or within(bad, 5, res.size, y_at, y_hi)))
 
 
 @compiled(parallel=True, nogil=True)
@@ -29,6 +59,8 @@ def run(xp, wf, y, bias, res, has_res, act, sh, sw, dh, dw, per_task,  # noqa: P
     # a task: its tiles times one block, or times every block (each pixel's
     # channels then written at once, the tile's input read from L1)
     task_blocks = 1 if blocks_inside else blocks
+    if CHECKED:
+        bad = violations()
     for t in prange(((tiles + per_task - 1) // per_task) * task_blocks):
         g, b0 = t // task_blocks, t % task_blocks
         offsets = np.empty(MR, np.intp)
@@ -47,9 +79,16 @@ def run(xp, wf, y, bias, res, has_res, act, sh, sw, dh, dw, per_task,  # noqa: P
                     if i == oh_:
                         i, n = 0, n + 1
             for ob in range(b0, blocks if blocks_inside else b0 + 1):
+                if CHECKED and not inside(bad, xf, offsets, m, dh * wpx * c_, dw * c_, kh_,
+                                          taps, run_len, wf, w_first + ob * w_block, w_row,
+                                          w_col, w_step, yf, p0 * o_ + ob * NR, o_, bias,
+                                          ob * NR, rf, has_res, min(NR, o_ - ob * NR)):
+                    continue
                 ukernel(xf, offsets, dh * wpx * c_, dw * c_, kh_, taps, run_len, wf,
                         w_first + ob * w_block, w_row, w_col, w_step, m, yf,
                         p0 * o_ + ob * NR, o_, bias, ob * NR, rf, has_res, act,
                         min(NR, o_ - ob * NR))
         if STREAMING:
             store_fence()
+    if CHECKED and bad[0]:
+        fail("blocked gather kernel", BUFFERS, bad)
