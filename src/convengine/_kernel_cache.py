@@ -330,9 +330,14 @@ class _ModuleCache(_RobustCache):
 def jit(fn: Callable[..., Any], variant: str = "", **options: Any) -> Any:
     """``numba.njit(**options)(fn)`` with the kernel cache's on-disk cache (for the
     functions of kernel modules; ``variant``: see :class:`_Cache`)."""
-    dispatcher = numba.njit(**options)(fn)
+    dispatcher = numba.njit(**_checked(options))(fn)
     dispatcher._cache = _Cache(fn, variant)
     return dispatcher
+
+
+def _checked(options: dict[str, Any]) -> dict[str, Any]:
+    """``options``, with numba's bounds check of every array index in checked mode."""
+    return {"boundscheck": True, **options} if checked.CHECKED else options
 
 
 def compiled(variant: str = "", **options: Any) -> Callable[[Callable[..., Any]], Any]:
@@ -353,7 +358,7 @@ def kernel(variant: str = "", **options: Any) -> Callable[[Callable[..., Any]], 
         raise TypeError("kernel() caches always: drop cache=")
 
     def wrap(fn: Callable[..., Any]) -> Any:
-        dispatcher = numba.njit(**options)(fn)
+        dispatcher = numba.njit(**_checked(options))(fn)
         dispatcher._cache = _ModuleCache(fn, variant)
         return dispatcher
 

@@ -5,7 +5,10 @@ compiled with the checks or without them, and the kernel caches key on it) makes
 kernel that computes addresses check, before every micro-kernel call, that the whole
 range the call reads or writes lies inside its buffers. A call that would not is
 skipped (nothing outside a buffer is touched) and the kernel raises :class:`BoundsError`
-naming itself, the buffer, the range and the buffer's size. The memory pool then also
+naming itself, the buffer, the range and the buffer's size; kernels that index arrays
+(every function compiled through ``convengine._kernel_cache``) are compiled with
+numba's ``boundscheck`` (an ``IndexError`` naming the index and the array's length; a
+parallel loop holding such a check may run serially). The memory pool then also
 surrounds each array with guard bytes, verified when its block comes back, and poisons
 freed blocks (see :mod:`convengine.memory`).
 
