@@ -142,7 +142,7 @@ def harness(ukernel: Any) -> Any:
     """A jitted call of the intrinsic ``ukernel`` (callable only from jitted code)."""
 
     @njit
-    def run(*args):  # type: ignore[no-untyped-def]
+    def run(*args):
         return ukernel(*args)
 
     return run
@@ -187,7 +187,7 @@ def epilogue_params(o0: int, width: int, bias_kind: str, out_dtype: type, regime
         bias = (RNG.integers(-9, 10, n) if ties else RNG.uniform(-3000, 3000, n)).astype(np.float32)
     else:
         bias = (RNG.integers(-9, 10, n) if ties else RNG.integers(-60000, 60001, n)).astype(np.int32)
-    mult = (RNG.choice([0.5, 0.25], n) if ties else RNG.uniform(1 / 900, 1 / 200, n))
+    mult = RNG.choice([0.5, 0.25], n) if ties else RNG.uniform(1 / 900, 1 / 200, n)
     info = np.iinfo(out_dtype)
     lo, hi = int(info.min), int(info.max)
     zp = 5 if out_dtype == np.uint8 else -3
