@@ -182,6 +182,8 @@ def assert_rel_close(got: np.ndarray, ref: np.ndarray, tol: float) -> None:
 @pytest.mark.parametrize("ndim", [1, 2])
 @pytest.mark.parametrize("m", MS)
 def test_fused_kernel(m, ndim, dtype, case) -> None:
+    """kernel(ndim, m, dtype) with packed_transform's weights (checked above) == the
+    reference conv within TOLERANCE, every output written, check left 0."""
     c, o = channel_cases(dtype)[case]
     x, w, padding = fused_case(m, ndim, dtype, c, o)
     y, check = run_fused(x, kernels.packed_transform(w, m), o, m, padding)
