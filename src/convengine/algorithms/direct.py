@@ -3,15 +3,15 @@
 Every problem is seen as 3-D: a 1-D or 2-D problem gets leading singleton spatial
 dims (views, no copy), so x is ``(N, D, H, W, C)``, w ``(O, KD, KH, KW, C // g)``
 and y ``(N, OD, OH, OW, O)``. Padding is never materialised: each kernel tap checks
-its input coordinate. Parallel over output rows (forward, backward-data: no scatter,
-no races) or over slices of the batch (backward-weight: one partial dw per slice,
-summed at the end).
+its input coordinate.
 
-Two loop nests, by the innermost contiguous axis:
+Two loop nests: over the output pixels (forward, backward-weight), parallel over
+the output rows (backward-weight: over slices of them, one partial dw per slice,
+summed at the end), and over the input pixels (backward-data, a gather: no scatter, no races),
+parallel over the input rows. The work of a tap, by the innermost contiguous axis:
 
-- dense (``C // g > 1``): the weights are repacked so the output channels of a group
-  are innermost; each output pixel accumulates an ``O // g`` row, vectorised over
-  output channels.
+- dense (``C // g > 1``): the weights are repacked so the channels of a group are
+  innermost; vectorised over the output channels (forward) or the input channels.
 - channel-wise (``C // g == 1``: depthwise, any channel multiplier): vectorised over
   the channels themselves.
 
@@ -23,13 +23,16 @@ generated kernels of ``depthwise/weight.py`` (backward-weight).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
-from numba import prange
+from numba import njit, prange
+from numba.extending import overload
 
 from .. import memory
 from .._kernel_cache import kernel
 from ..problem import ConvProblem
-from ..registry import register
+from ..registry import Bound, Run, register
 from ._common import too_large
 from .depthwise import data as depthwise_data
 from .depthwise import forward as depthwise
@@ -53,13 +56,15 @@ def _supports(problem: ConvProblem) -> str | None:
     return too_large(problem, space)
 
 
-def _geometry(problem: ConvProblem) -> tuple[tuple[int, ...], ...]:
-    """(stride, pad_lo, dilation) each padded to 3 spatial dims."""
+def _geometry(problem: ConvProblem) -> tuple[int, ...]:
+    """(kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw): kernel, stride, pad_lo and
+    dilation, each padded to 3 spatial dims."""
     lead = 3 - problem.ndim
+    kernel = (1,) * lead + problem.kernel
     stride = (1,) * lead + problem.stride
     pad = (0,) * lead + tuple(lo for lo, _ in problem.padding)
     dilation = (1,) * lead + problem.dilation
-    return stride, pad, dilation
+    return (*kernel, *stride, *pad, *dilation)
 
 
 def _as3d(a: np.ndarray, ndim: int) -> np.ndarray:
@@ -67,211 +72,156 @@ def _as3d(a: np.ndarray, ndim: int) -> np.ndarray:
     return a.reshape(a.shape[0], *(1,) * (3 - ndim), *a.shape[1:])
 
 
-def _dense_weight(problem: ConvProblem, w: np.ndarray) -> np.ndarray:
-    """w (O, *K, Cg) -> (G, KD, KH, KW, Cg, Og): a group's output channels innermost."""
+def _weight(problem: ConvProblem, w: np.ndarray, outputs_last: bool) -> np.ndarray:
+    """w (O, *K, Cg) repacked for the kernels, channels innermost: channel-wise
+    (Cg == 1) (KD, KH, KW, O); dense (G, KD, KH, KW, Cg, Og) (``outputs_last``) or
+    (G, KD, KH, KW, Og, Cg)."""
+    w5 = _as3d(w, problem.ndim)
+    if problem.in_per_group == 1:
+        return np.ascontiguousarray(w5[..., 0].transpose(1, 2, 3, 0))
     g, og = problem.groups, problem.out_per_group
-    w5 = _as3d(w, problem.ndim)
-    return np.ascontiguousarray(
-        w5.reshape(g, og, *w5.shape[1:]).transpose(0, 2, 3, 4, 5, 1)
-    )
+    last = (5, 1) if outputs_last else (1, 5)
+    return np.ascontiguousarray(w5.reshape(g, og, *w5.shape[1:]).transpose(0, 2, 3, 4, *last))
 
 
-def _channel_weight(problem: ConvProblem, w: np.ndarray) -> np.ndarray:
-    """w (O, *K, 1) -> (KD, KH, KW, O): channels innermost."""
-    w5 = _as3d(w, problem.ndim)
-    return np.ascontiguousarray(w5[..., 0].transpose(1, 2, 3, 0))
+# --------------------------------------------------------------------- work of a tap
+#
+# Compiled code calls _tap and _data_tap; which body they run, dense or channel-wise,
+# is chosen by the rank of the weights (or partial dw) when the kernel compiles.
 
 
-# --------------------------------------------------------------------------- forward
+def _dense_tap(pixel, xp, acc, kd, kh, kw, m, weight_grad):  # noqa: PLR0913
+    """A tap of a dense conv: output pixel (O,), input pixel xp (C,). Forward: acc the
+    weights (G,KD,KH,KW,Cg,Og), pixel += w^T xp. Backward-weight: acc a partial dw
+    (G,KD,KH,KW,Og,Cg), dw += pixel (of dy) outer xp."""
+    g_, a_, b_ = acc.shape[0], acc.shape[4], acc.shape[5]
+    for g in range(g_):
+        if weight_grad:
+            for o in range(a_):
+                gv = pixel[g * a_ + o]
+                for c in range(b_):
+                    acc[g, kd, kh, kw, o, c] += gv * xp[g * b_ + c]
+        else:
+            for c in range(a_):
+                xv = xp[g * a_ + c]
+                for o in range(b_):
+                    pixel[g * b_ + o] += xv * acc[g, kd, kh, kw, c, o]
 
 
-@kernel(parallel=True, nogil=True)
-def direct_fwd_dense(x, wp, y, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # noqa: PLR0913
-    """x (N,D,H,W,C), wp (G,KD,KH,KW,Cg,Og) -> y (N,OD,OH,OW,O), overwritten."""
-    n_, d_, h_, w_, _ = x.shape
-    g_, kd_, kh_, kw_, cg, og = wp.shape
-    _, od_, oh_, ow_, _ = y.shape
-    for r in prange(n_ * od_ * oh_):
-        n, od, oh = r // (od_ * oh_), (r // oh_) % od_, r % oh_
-        acc = np.empty(og, dtype=y.dtype)
-        for ow in range(ow_):
-            for g in range(g_):
-                acc[:] = 0
-                for kd in range(kd_):
-                    i_d = od * sd - pd + kd * dd
-                    if i_d < 0 or i_d >= d_:
-                        continue
-                    for kh in range(kh_):
-                        ih = oh * sh - ph + kh * dh
-                        if ih < 0 or ih >= h_:
-                            continue
-                        for kw in range(kw_):
-                            iw = ow * sw - pw + kw * dw
-                            if iw < 0 or iw >= w_:
-                                continue
-                            for c in range(cg):
-                                xv = x[n, i_d, ih, iw, g * cg + c]
-                                for o in range(og):
-                                    acc[o] += xv * wp[g, kd, kh, kw, c, o]
-                y[n, od, oh, ow, g * og:(g + 1) * og] = acc
+def _channel_tap(pixel, xp, acc, kd, kh, kw, m, weight_grad):  # noqa: PLR0913
+    """A tap of a channel-wise conv (O = m * C, output channel o reads input channel
+    o // m): output pixel (O,), input pixel xp (C,). Forward: acc the weights
+    (KD,KH,KW,O), pixel += xp * w. Backward-weight: acc a partial dw (KD,KH,KW,O),
+    dw += pixel (of dy) * xp."""
+    tap = acc[kd, kh, kw]
+    if weight_grad and m == 1:
+        for o in range(tap.shape[0]):
+            tap[o] += pixel[o] * xp[o]
+    elif weight_grad:
+        for o in range(tap.shape[0]):
+            tap[o] += pixel[o] * xp[o // m]
+    elif m == 1:
+        for o in range(tap.shape[0]):
+            pixel[o] += xp[o] * tap[o]
+    else:
+        for o in range(tap.shape[0]):
+            pixel[o] += xp[o // m] * tap[o]
 
 
-@kernel(parallel=True, nogil=True)
-def direct_fwd_channel(x, wc, y, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # noqa: PLR0913
-    """Channel-wise (C // g == 1): x (N,D,H,W,C), wc (KD,KH,KW,O) -> y (N,OD,OH,OW,O)."""
-    n_, d_, h_, w_, c_ = x.shape
-    kd_, kh_, kw_, o_ = wc.shape
-    _, od_, oh_, ow_, _ = y.shape
-    m = o_ // c_
-    for r in prange(n_ * od_ * oh_):
-        n, od, oh = r // (od_ * oh_), (r // oh_) % od_, r % oh_
-        for ow in range(ow_):
-            out = y[n, od, oh, ow]
-            out[:] = 0
-            for kd in range(kd_):
-                i_d = od * sd - pd + kd * dd
-                if i_d < 0 or i_d >= d_:
-                    continue
-                for kh in range(kh_):
-                    ih = oh * sh - ph + kh * dh
-                    if ih < 0 or ih >= h_:
-                        continue
-                    for kw in range(kw_):
-                        iw = ow * sw - pw + kw * dw
-                        if iw < 0 or iw >= w_:
-                            continue
-                        if m == 1:
-                            for o in range(o_):
-                                out[o] += x[n, i_d, ih, iw, o] * wc[kd, kh, kw, o]
-                        else:
-                            for o in range(o_):
-                                out[o] += x[n, i_d, ih, iw, o // m] * wc[kd, kh, kw, o]
+def _tap(pixel, xp, acc, kd, kh, kw, m, weight_grad):  # noqa: PLR0913
+    """_dense_tap for a 6-D acc, else _channel_tap (compiled code only)."""
 
 
-# --------------------------------------------------------------------- backward data
+@overload(_tap, inline="always")
+def _tap_by_rank(pixel, xp, acc, kd, kh, kw, m, weight_grad):  # noqa: PLR0913
+    return _dense_tap if acc.ndim == 6 else _channel_tap
 
 
-@kernel(parallel=True, nogil=True)
-def direct_bwd_data_dense(dy, wt, dx, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # noqa: PLR0913
-    """dy (N,OD,OH,OW,O), wt (G,KD,KH,KW,Og,Cg) -> dx (N,D,H,W,C), overwritten.
+def _dense_data_tap(out, grad, wt, kd, kh, kw, m):  # noqa: PLR0913
+    """A tap of a dense conv's backward-data: dx pixel out (C,) += w grad, grad the dy
+    pixel (O,), wt the weights (G,KD,KH,KW,Og,Cg)."""
+    og, cg = wt.shape[4], wt.shape[5]
+    for g in range(wt.shape[0]):
+        for o in range(og):
+            gv = grad[g * og + o]
+            for c in range(cg):
+                out[g * cg + c] += gv * wt[g, kd, kh, kw, o, c]
 
-    Gathers: each dx pixel sums the taps whose output coordinate is whole and inside.
+
+def _channel_data_tap(out, grad, wt, kd, kh, kw, m):  # noqa: PLR0913
+    """A tap of a channel-wise conv's backward-data: dx pixel out (C,) += the sum over
+    its m output channels of grad (O,) * w, wt the weights (KD,KH,KW,O)."""
+    tap = wt[kd, kh, kw]
+    if m == 1:
+        for c in range(out.shape[0]):
+            out[c] += grad[c] * tap[c]
+    else:
+        for c in range(out.shape[0]):
+            for j in range(m):
+                out[c] += grad[c * m + j] * tap[c * m + j]
+
+
+def _data_tap(out, grad, wt, kd, kh, kw, m):  # noqa: PLR0913
+    """_dense_data_tap for a 6-D wt, else _channel_data_tap (compiled code only)."""
+
+
+@overload(_data_tap, inline="always")
+def _data_tap_by_rank(out, grad, wt, kd, kh, kw, m):  # noqa: PLR0913
+    return _dense_data_tap if wt.ndim == 6 else _channel_data_tap
+
+
+def _sums(copy, row, taps):
+    """Where the taps of an output pixel work (compiled code only): dense ones (7-D
+    taps) on ``copy``, a local array holding the pixel's sums (forward) or its dy
+    (backward-weight): on the pixel's ``row`` itself, which might alias the weights,
+    the forward pass takes twice the time; channel-wise ones on ``row`` (a copy costs
+    them some 5%)."""
+
+
+@overload(_sums, inline="always")
+def _sums_by_rank(copy, row, taps):
+    if taps.ndim == 7:
+        return lambda copy, row, taps: copy
+    return lambda copy, row, taps: row
+
+
+# ------------------------------------------------------------------------ loop nests
+
+
+@njit(inline="always")
+def _output_pixels(x, pixels, taps, geo, weight_grad):
+    """The loop nest over the output pixels, and per pixel the taps landing inside x
+    (N,D,H,W,C), of two passes (``weight_grad`` a constant in the kernels that inline
+    it: each compiles only its own branches):
+
+    - forward: pixels y (N,OD,OH,OW,O), overwritten; taps[0] the weights;
+    - backward-weight: pixels dy; taps (P, ...) partial dw sums, overwritten: slice p
+      of the output rows adds into taps[p]; the caller sums over p.
+
+    Parallel over the output rows (forward) or P slices of them (backward-weight).
     """
-    n_, od_, oh_, ow_, _ = dy.shape
-    g_, kd_, kh_, kw_, og, cg = wt.shape
-    _, d_, h_, w_, _ = dx.shape
-    for r in prange(n_ * d_ * h_):
-        n, i_d, ih = r // (d_ * h_), (r // h_) % d_, r % h_
-        for iw in range(w_):
-            out = dx[n, i_d, ih, iw]
-            out[:] = 0
-            for kd in range(kd_):
-                td = i_d + pd - kd * dd
-                if td < 0 or td % sd or td // sd >= od_:
-                    continue
-                for kh in range(kh_):
-                    th = ih + ph - kh * dh
-                    if th < 0 or th % sh or th // sh >= oh_:
-                        continue
-                    for kw in range(kw_):
-                        tw = iw + pw - kw * dw
-                        if tw < 0 or tw % sw or tw // sw >= ow_:
-                            continue
-                        grad = dy[n, td // sd, th // sh, tw // sw]
-                        for g in range(g_):
-                            for o in range(og):
-                                gv = grad[g * og + o]
-                                for c in range(cg):
-                                    out[g * cg + c] += gv * wt[g, kd, kh, kw, o, c]
-
-
-@kernel(parallel=True, nogil=True)
-def direct_bwd_data_channel(dy, wc, dx, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # noqa: PLR0913
-    """Channel-wise: dy (N,OD,OH,OW,O), wc (KD,KH,KW,O) -> dx (N,D,H,W,C)."""
-    n_, od_, oh_, ow_, o_ = dy.shape
-    kd_, kh_, kw_, _ = wc.shape
-    _, d_, h_, w_, c_ = dx.shape
-    m = o_ // c_
-    for r in prange(n_ * d_ * h_):
-        n, i_d, ih = r // (d_ * h_), (r // h_) % d_, r % h_
-        for iw in range(w_):
-            out = dx[n, i_d, ih, iw]
-            out[:] = 0
-            for kd in range(kd_):
-                td = i_d + pd - kd * dd
-                if td < 0 or td % sd or td // sd >= od_:
-                    continue
-                for kh in range(kh_):
-                    th = ih + ph - kh * dh
-                    if th < 0 or th % sh or th // sh >= oh_:
-                        continue
-                    for kw in range(kw_):
-                        tw = iw + pw - kw * dw
-                        if tw < 0 or tw % sw or tw // sw >= ow_:
-                            continue
-                        grad = dy[n, td // sd, th // sh, tw // sw]
-                        if m == 1:
-                            for c in range(c_):
-                                out[c] += grad[c] * wc[kd, kh, kw, c]
-                        else:
-                            for c in range(c_):
-                                for j in range(m):
-                                    out[c] += grad[c * m + j] * wc[kd, kh, kw, c * m + j]
-
-
-# ------------------------------------------------------------------- backward weight
-
-
-@kernel(parallel=True, nogil=True)
-def direct_bwd_weight_dense(x, dy, part, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # noqa: PLR0913
-    """x (N,D,H,W,C), dy (N,OD,OH,OW,O) -> part (P,G,KD,KH,KW,Og,Cg): slice p of the
-    output rows adds into part[p]; the caller sums over p."""
-    n_, d_, h_, w_, _ = x.shape
-    _, od_, oh_, ow_, _ = dy.shape
-    p_, g_, kd_, kh_, kw_, og, cg = part.shape
-    rows = n_ * od_ * oh_
-    for p in prange(p_):
-        acc = part[p]
-        acc[...] = 0
-        for r in range(p * rows // p_, (p + 1) * rows // p_):
-            n, od, oh = r // (od_ * oh_), (r // oh_) % od_, r % oh_
-            for ow in range(ow_):
-                grad = dy[n, od, oh, ow]
-                for kd in range(kd_):
-                    i_d = od * sd - pd + kd * dd
-                    if i_d < 0 or i_d >= d_:
-                        continue
-                    for kh in range(kh_):
-                        ih = oh * sh - ph + kh * dh
-                        if ih < 0 or ih >= h_:
-                            continue
-                        for kw in range(kw_):
-                            iw = ow * sw - pw + kw * dw
-                            if iw < 0 or iw >= w_:
-                                continue
-                            pix = x[n, i_d, ih, iw]
-                            for g in range(g_):
-                                for o in range(og):
-                                    gv = grad[g * og + o]
-                                    for c in range(cg):
-                                        acc[g, kd, kh, kw, o, c] += gv * pix[g * cg + c]
-
-
-@kernel(parallel=True, nogil=True)
-def direct_bwd_weight_channel(x, dy, part, sd, sh, sw, pd, ph, pw, dd, dh, dw):  # noqa: PLR0913
-    """Channel-wise: x (N,D,H,W,C), dy (N,OD,OH,OW,O) -> part (P,KD,KH,KW,O)."""
+    kd_, kh_, kw_, sd, sh, sw, pd, ph, pw, dd, dh, dw = geo
     n_, d_, h_, w_, c_ = x.shape
-    _, od_, oh_, ow_, o_ = dy.shape
-    p_, kd_, kh_, kw_, _ = part.shape
-    m = o_ // c_
+    _, od_, oh_, ow_, o_ = pixels.shape
+    m = o_ // c_  # channel-wise: output channels per input channel
     rows = n_ * od_ * oh_
+    p_ = taps.shape[0] if weight_grad else rows
     for p in prange(p_):
-        acc = part[p]
-        acc[...] = 0
+        acc = taps[p] if weight_grad else taps[0]
+        if weight_grad:
+            acc[...] = 0
+        copy = np.empty(o_, dtype=pixels.dtype)
         for r in range(p * rows // p_, (p + 1) * rows // p_):
             n, od, oh = r // (od_ * oh_), (r // oh_) % od_, r % oh_
             for ow in range(ow_):
-                grad = dy[n, od, oh, ow]
+                # taps.ndim, not a variable set outside the parallel loop: that one
+                # would be tested at run time
+                row = pixels[n, od, oh, ow]
+                pixel = _sums(copy, row, taps)
+                if not weight_grad:
+                    pixel[:] = 0
+                elif taps.ndim == 7:
+                    pixel[:] = row
                 for kd in range(kd_):
                     i_d = od * sd - pd + kd * dd
                     if i_d < 0 or i_d >= d_:
@@ -284,14 +234,52 @@ def direct_bwd_weight_channel(x, dy, part, sd, sh, sw, pd, ph, pw, dd, dh, dw): 
                             iw = ow * sw - pw + kw * dw
                             if iw < 0 or iw >= w_:
                                 continue
-                            pix = x[n, i_d, ih, iw]
-                            tap = acc[kd, kh, kw]
-                            if m == 1:
-                                for o in range(o_):
-                                    tap[o] += grad[o] * pix[o]
-                            else:
-                                for o in range(o_):
-                                    tap[o] += grad[o] * pix[o // m]
+                            _tap(pixel, x[n, i_d, ih, iw], acc, kd, kh, kw, m, weight_grad)
+                if taps.ndim == 7 and not weight_grad:
+                    row[:] = pixel
+
+
+@kernel(parallel=True, nogil=True)
+def direct_forward(x, wp, y, geo):
+    """x (N,D,H,W,C), wp (1,G,KD,KH,KW,Cg,Og) or (1,KD,KH,KW,O) -> y (N,OD,OH,OW,O),
+    overwritten; geo: see _geometry."""
+    _output_pixels(x, y, wp, geo, False)
+
+
+@kernel(parallel=True, nogil=True)
+def direct_backward_weight(x, dy, part, geo):
+    """x (N,D,H,W,C), dy (N,OD,OH,OW,O) -> part (P,G,KD,KH,KW,Og,Cg) or (P,KD,KH,KW,O),
+    overwritten; the caller sums over p."""
+    _output_pixels(x, dy, part, geo, True)
+
+
+@kernel(parallel=True, nogil=True)
+def direct_backward_data(dy, wt, dx, geo):
+    """dy (N,OD,OH,OW,O) -> dx (N,D,H,W,C), overwritten, the loop nest over the input
+    pixels; wt (G,KD,KH,KW,Og,Cg) or (KD,KH,KW,O). Gathers: each dx pixel sums the taps
+    whose output coordinate is whole and inside."""
+    kd_, kh_, kw_, sd, sh, sw, pd, ph, pw, dd, dh, dw = geo
+    n_, od_, oh_, ow_, o_ = dy.shape
+    _, d_, h_, w_, c_ = dx.shape
+    m = o_ // c_  # channel-wise: output channels per input channel
+    for r in prange(n_ * d_ * h_):
+        n, i_d, ih = r // (d_ * h_), (r // h_) % d_, r % h_
+        for iw in range(w_):
+            out = dx[n, i_d, ih, iw]
+            out[:] = 0
+            for kd in range(kd_):
+                td = i_d + pd - kd * dd
+                if td < 0 or td % sd or td // sd >= od_:
+                    continue
+                for kh in range(kh_):
+                    th = ih + ph - kh * dh
+                    if th < 0 or th % sh or th // sh >= oh_:
+                        continue
+                    for kw in range(kw_):
+                        tw = iw + pw - kw * dw
+                        if tw < 0 or tw % sw or tw // sw >= ow_:
+                            continue
+                        _data_tap(out, dy[n, td // sd, th // sh, tw // sw], wt, kd, kh, kw, m)
 
 
 # --------------------------------------------------------------------------- entries
@@ -332,67 +320,52 @@ def _workspace(problem: ConvProblem) -> int:
     return w_bytes  # the repacked weights
 
 
-@register("direct", "forward", supports=_supports, workspace_bytes=_workspace, accuracy=2,
-          numpy_math=False, prepare=forward_plan)
-def direct_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    plan = forward_plan(problem)
-    if plan is not None:
-        return plan(x, w)
-    geo = [v for t in _geometry(problem) for v in t]
-    x5 = _as3d(x, problem.ndim)
+def _forward(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     y = memory.empty(problem.y_shape("NHWC"), dtype=problem.compute_dtype)
-    y5 = _as3d(y, problem.ndim)
-    if problem.in_per_group == 1:
-        direct_fwd_channel(x5, _channel_weight(problem, w), y5, *geo)
-    else:
-        direct_fwd_dense(x5, _dense_weight(problem, w), y5, *geo)
+    wp = _weight(problem, w, outputs_last=True)
+    direct_forward(_as3d(x, problem.ndim), wp[None], _as3d(y, problem.ndim), _geometry(problem))
     return y
 
 
-@register(
-    "direct", "backward_data", supports=_supports, workspace_bytes=_workspace, accuracy=2,
-    numpy_math=False, prepare=backward_data_plan,
-)
-def direct_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
-    plan = backward_data_plan(problem)
-    if plan is not None:
-        return plan(dy, w)
-    geo = [v for t in _geometry(problem) for v in t]
-    dy5 = _as3d(dy, problem.ndim)
+def _backward_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
     dx = memory.empty(problem.x_shape("NHWC"), dtype=problem.compute_dtype)
-    dx5 = _as3d(dx, problem.ndim)
-    if problem.in_per_group == 1:
-        direct_bwd_data_channel(dy5, _channel_weight(problem, w), dx5, *geo)
-    else:
-        g, og = problem.groups, problem.out_per_group
-        w5 = _as3d(w, problem.ndim)
-        wt = np.ascontiguousarray(w5.reshape(g, og, *w5.shape[1:]).transpose(0, 2, 3, 4, 1, 5))
-        direct_bwd_data_dense(dy5, wt, dx5, *geo)
+    wt = _weight(problem, w, outputs_last=False)
+    direct_backward_data(_as3d(dy, problem.ndim), wt, _as3d(dx, problem.ndim), _geometry(problem))
     return dx
 
 
-@register(
-    "direct", "backward_weight", supports=_supports, workspace_bytes=_workspace, accuracy=2,
-    numpy_math=False, prepare=backward_weight_plan,
-)
-def direct_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    plan = backward_weight_plan(problem)
-    if plan is not None:
-        return plan(x, dy)
-    geo = [v for t in _geometry(problem) for v in t]
-    x5, dy5 = _as3d(x, problem.ndim), _as3d(dy, problem.ndim)
+def _backward_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
     k5 = (1,) * (3 - problem.ndim) + problem.kernel
     p = _slices(problem)
     dtype = problem.compute_dtype
+    if problem.in_per_group == 1:
+        part = np.empty((p, *k5, problem.out_channels), dtype=dtype)
+    else:
+        g, og, cg = problem.groups, problem.out_per_group, problem.in_per_group
+        part = np.empty((p, g, *k5, og, cg), dtype=dtype)
+    direct_backward_weight(_as3d(x, problem.ndim), _as3d(dy, problem.ndim), part,
+                           _geometry(problem))
     # the partial sums add up in numpy (numpy_math=False: NaN and inf propagate silently)
     with np.errstate(invalid="ignore", over="ignore"):
-        if problem.in_per_group == 1:
-            part = np.empty((p, *k5, problem.out_channels), dtype=dtype)
-            direct_bwd_weight_channel(x5, dy5, part, *geo)
-            dw = part.sum(axis=0).transpose(3, 0, 1, 2)[..., None]
-        else:
-            g, og, cg = problem.groups, problem.out_per_group, problem.in_per_group
-            part = np.empty((p, g, *k5, og, cg), dtype=dtype)
-            direct_bwd_weight_dense(x5, dy5, part, *geo)
-            dw = part.sum(axis=0).transpose(0, 4, 1, 2, 3, 5).reshape(-1, *k5, cg)
+        dw = part.sum(axis=0)
+    if problem.in_per_group == 1:  # (KD, KH, KW, O) -> (O, KD, KH, KW, 1)
+        dw = dw.transpose(3, 0, 1, 2)[..., None]
+    else:  # (G, KD, KH, KW, Og, Cg) -> (O, KD, KH, KW, Cg)
+        dw = dw.transpose(0, 4, 1, 2, 3, 5).reshape(-1, *k5, problem.in_per_group)
     return np.ascontiguousarray(dw.reshape(problem.w_shape("NHWC")), dtype=dtype)
+
+
+def _planned(plan_of: Callable[[ConvProblem], Bound | None], loops: Run) -> Run:
+    """A pass of ``direct``: the generated kernels' plan where ``plan_of`` finds one,
+    else the loop nests above."""
+    def run(problem: ConvProblem, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        plan = plan_of(problem)
+        return loops(problem, a, b) if plan is None else plan(a, b)
+    return run
+
+
+for _pass, _plan_of, _loops in (("forward", forward_plan, _forward),
+                                ("backward_data", backward_data_plan, _backward_data),
+                                ("backward_weight", backward_weight_plan, _backward_weight)):
+    register("direct", _pass, supports=_supports, workspace_bytes=_workspace, accuracy=2,
+             numpy_math=False, prepare=_plan_of)(_planned(_plan_of, _loops))
