@@ -49,6 +49,47 @@ def _coord(p, k, S, P, DL, V, A):
 
 
 @triton.jit
+def _position(p, PD, PH, PW):
+    """Flat output positions ``p`` of ``(N, PD, PH, PW)`` -> (n, pd, ph, pw)."""
+    pw = p % PW
+    t = p // PW
+    ph = t % PH
+    t = t // PH
+    return t // PD, t % PD, ph, pw
+
+
+@triton.jit
+def _taps(tap, KH, KW):
+    """Flat tap indices of ``(KD, KH, KW)`` -> (kd, kh, kw)."""
+    return tap // (KW * KH), (tap // KW) % KH, tap % KW
+
+
+@triton.jit
+def _source(n, pd, ph, pw, kd, kh, kw, AD, AH, AW, SD, SH, SW, PAD_D, PAD_H, PAD_W,
+            DLD, DLH, DLW, VD, VH, VW):
+    """The activation pixel output position (n, pd, ph, pw) reads at tap (kd, kh, kw):
+    its flat index into ``(N, AD, AH, AW)`` (int64) and whether it is read (see
+    :func:`_coord`)."""
+    i_d, ok_d = _coord(pd, kd, SD, PAD_D, DLD, VD, AD)
+    i_h, ok_h = _coord(ph, kh, SH, PAD_H, DLH, VH, AH)
+    i_w, ok_w = _coord(pw, kw, SW, PAD_W, DLW, VW, AW)
+    return (((n * AD + i_d) * AH + i_h) * AW + i_w).to(tl.int64), ok_d & ok_h & ok_w
+
+
+@triton.jit
+def _dot(acc, a, b, TF32: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc + a @ b in float32: TF32 tensor cores or IEEE products (``DOT_F32``: see the
+    module docstring)."""
+    if DOT_F32:
+        a, b = a.to(tl.float32), b.to(tl.float32)
+    if TF32:
+        acc += tl.dot(a, b, input_precision="tf32")
+    else:
+        acc += tl.dot(a, b, input_precision="ieee")
+    return acc
+
+
+@triton.jit
 def _epilogue(acc, rq, rows, row_ok, rq_mask, bias_ptr, mult_ptr, y_ptr, Q, out_zp, lo, hi,
               HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EPI: tl.constexpr):
     """Finish an accumulator tile ``acc [BM, BQ]`` (y rows ``rows``, int64, where
@@ -116,12 +157,7 @@ def igemm_kernel(
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
     n_ok = rn < Q
-    pw = rm % PW
-    t = rm // PW
-    ph = t % PH
-    t = t // PH
-    pd = t % PD
-    n = t // PD
+    n, pd, ph, pw = _position(rm, PD, PH, PW)
     if EPI == FLOAT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:
@@ -133,25 +169,18 @@ def igemm_kernel(
     for step in range(0, KD * KH * KW * blocks):
         tap = step // blocks
         rr = (step - tap * blocks) * BLOCK_K + rk
-        kw = tap % KW
-        kh = (tap // KW) % KH
-        i_d, ok_d = _coord(pd, tap // (KW * KH), SD, PAD_D, DLD, VD, AD)
-        i_h, ok_h = _coord(ph, kh, SH, PAD_H, DLH, VH, AH)
-        i_w, ok_w = _coord(pw, kw, SW, PAD_W, DLW, VW, AW)
-        inside = m_ok & ok_d & ok_h & ok_w
-        row = (((n * AD + i_d) * AH + i_h) * AW + i_w).to(tl.int64) * R
+        kd, kh, kw = _taps(tap, KH, KW)
+        row, ok = _source(n, pd, ph, pw, kd, kh, kw, AD, AH, AW, SD, SH, SW, PAD_D, PAD_H,
+                          PAD_W, DLD, DLH, DLW, VD, VH, VW)
+        inside = m_ok & ok
+        row = row * R
         r_ok = rr < R
         a = tl.load(a_ptr + row[:, None] + rr[None, :], mask=inside[:, None] & r_ok[None, :],
                     other=0)
         b = tl.load(b_ptr + tap * sb_tap + rn[None, :] * sb_q + rr[:, None] * sb_r,
                     mask=r_ok[:, None] & n_ok[None, :], other=0)
         if EPI == FLOAT:
-            if DOT_F32:
-                a, b = a.to(tl.float32), b.to(tl.float32)
-            if TF32:
-                acc += tl.dot(a, b, input_precision="tf32")
-            else:
-                acc += tl.dot(a, b, input_precision="ieee")
+            acc = _dot(acc, a, b, TF32, DOT_F32)
         else:
             a = tl.where(~inside[:, None] & r_ok[None, :], azp, a)
             acc += tl.dot(a, b, out_dtype=tl.int32)
@@ -201,12 +230,7 @@ def dgrad_phased_kernel(
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
     n_ok = rn < Q
-    jw = rm % tl.maximum(jw_n, 1)
-    t = rm // tl.maximum(jw_n, 1)
-    jh = t % tl.maximum(jh_n, 1)
-    t = t // tl.maximum(jh_n, 1)
-    jd = t % tl.maximum(jd_n, 1)
-    n = t // tl.maximum(jd_n, 1)
+    n, jd, jh, jw = _position(rm, tl.maximum(jd_n, 1), tl.maximum(jh_n, 1), tl.maximum(jw_n, 1))
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     blocks = tl.cdiv(R, BLOCK_K)
     for step in range(0, tl.load(tab + 3) * cnt_h * cnt_w * blocks):
@@ -225,12 +249,7 @@ def dgrad_phased_kernel(
         tap = (kd * KH + kh) * KW + kw
         b = tl.load(b_ptr + tap * sb_tap + rn[None, :] * sb_q + rr[:, None] * sb_r,
                     mask=r_ok[:, None] & n_ok[None, :], other=0)
-        if DOT_F32:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        if TF32:
-            acc += tl.dot(a, b, input_precision="tf32")
-        else:
-            acc += tl.dot(a, b, input_precision="ieee")
+        acc = _dot(acc, a, b, TF32, DOT_F32)
     i_d = tl.load(tab + 1) + tl.load(tab + 7) * jd
     i_h = tl.load(tab + 9) + tl.load(tab + 15) * jh
     i_w = tl.load(tab + 17) + tl.load(tab + 23) * jw
@@ -257,12 +276,7 @@ def direct_kernel(
     m_ok = rm < M
     n_ok = rn < Q
     g = rn // QG
-    pw = rm % PW
-    t = rm // PW
-    ph = t % PH
-    t = t // PH
-    pd = t % PD
-    n = t // PD
+    n, pd, ph, pw = _position(rm, PD, PH, PW)
     if EPI == FLOAT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:
@@ -308,36 +322,23 @@ def wgrad_kernel(
     part = tl.program_id(2) % SPLIT
     chunk = tl.cdiv(tl.cdiv(P, BLOCK_K), SPLIT) * BLOCK_K
     p_end = tl.minimum(P, (part + 1) * chunk)
-    kw = tap % KW
-    kh = (tap // KW) % KH
-    kd = tap // (KW * KH)
+    kd, kh, kw = _taps(tap, KH, KW)
     rk = tl.arange(0, BLOCK_K)
     o_ok = rm < NO
     c_ok = rn < C
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for p0 in range(part * chunk, p_end, BLOCK_K):
         p = p0 + rk
-        pw = p % PW
-        t = p // PW
-        ph = t % PH
-        t = t // PH
-        pd = t % PD
-        n = t // PD
-        i_d, ok_d = _coord(pd, kd, SD, PAD_D, DLD, 1, XD)
-        i_h, ok_h = _coord(ph, kh, SH, PAD_H, DLH, 1, XH)
-        i_w, ok_w = _coord(pw, kw, SW, PAD_W, DLW, 1, XW)
-        inside = (p < p_end) & ok_d & ok_h & ok_w
-        row = (((n * XD + i_d) * XH + i_h) * XW + i_w).to(tl.int64) * C
+        n, pd, ph, pw = _position(p, PD, PH, PW)
+        row, ok = _source(n, pd, ph, pw, kd, kh, kw, XD, XH, XW, SD, SH, SW, PAD_D, PAD_H,
+                          PAD_W, DLD, DLH, DLW, 1, 1, 1)
+        inside = (p < p_end) & ok
+        row = row * C
         dyt = tl.load(dy_ptr + p.to(tl.int64)[None, :] * NO + rm[:, None],
                       mask=(p < p_end)[None, :] & o_ok[:, None], other=0)
         xt = tl.load(x_ptr + row[:, None] + rn[None, :], mask=inside[:, None] & c_ok[None, :],
                      other=0)
-        if DOT_F32:
-            dyt, xt = dyt.to(tl.float32), xt.to(tl.float32)
-        if TF32:
-            acc += tl.dot(dyt, xt, input_precision="tf32")
-        else:
-            acc += tl.dot(dyt, xt, input_precision="ieee")
+        acc = _dot(acc, dyt, xt, TF32, DOT_F32)
     offs = ((part * NO + rm[:, None]) * T + tap).to(tl.int64) * C + rn[None, :]
     tl.store(dw_ptr + offs, acc.to(dw_ptr.dtype.element_ty), mask=o_ok[:, None] & c_ok[None, :])
 
@@ -352,26 +353,18 @@ def wgrad_direct_kernel(
     flattened (o, r) pairs of one tap (program axis 1), fp32 FMAs."""
     q = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     tap = tl.program_id(1)
-    kw = tap % KW
-    kh = (tap // KW) % KH
-    kd = tap // (KW * KH)
+    kd, kh, kw = _taps(tap, KH, KW)
     q_ok = q < NO * CG
     o = q // CG
     c = (o // OG) * CG + q % CG
     acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
     for p0 in range(0, P, BLOCK_P):
         p = p0 + tl.arange(0, BLOCK_P)
-        pw = p % PW
-        t = p // PW
-        ph = t % PH
-        t = t // PH
-        pd = t % PD
-        n = t // PD
-        i_d, ok_d = _coord(pd, kd, SD, PAD_D, DLD, 1, XD)
-        i_h, ok_h = _coord(ph, kh, SH, PAD_H, DLH, 1, XH)
-        i_w, ok_w = _coord(pw, kw, SW, PAD_W, DLW, 1, XW)
-        inside = (p < P) & ok_d & ok_h & ok_w
-        row = (((n * XD + i_d) * XH + i_h) * XW + i_w).to(tl.int64) * C
+        n, pd, ph, pw = _position(p, PD, PH, PW)
+        row, ok = _source(n, pd, ph, pw, kd, kh, kw, XD, XH, XW, SD, SH, SW, PAD_D, PAD_H,
+                          PAD_W, DLD, DLH, DLW, 1, 1, 1)
+        inside = (p < P) & ok
+        row = row * C
         dy = tl.load(dy_ptr + p.to(tl.int64)[:, None] * NO + o[None, :],
                      mask=(p < P)[:, None] & q_ok[None, :], other=0.0)
         x = tl.load(x_ptr + row[:, None] + c[None, :], mask=inside[:, None] & q_ok[None, :],
