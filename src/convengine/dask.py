@@ -257,15 +257,20 @@ def _out_chunks(x: Any, c_axis: int, channels: int, spatial: tuple[int, ...],
 
 @dataclass(frozen=True)
 class _Conv:
+    """The conv of one block (its padding is in the blocks' overlap)."""
+
     stride: tuple[int, ...]
     dilation: tuple[int, ...]
     groups: int
     layout: str
     algo: str
 
+    def args(self) -> dict[str, Any]:
+        return {"stride": self.stride, "dilation": self.dilation, "groups": self.groups,
+                "layout": self.layout, "algo": self.algo}
+
     def __call__(self, xb: np.ndarray, w: np.ndarray, bias: Any, extra: Any) -> np.ndarray:
-        return api.conv(xb, w, bias, stride=self.stride, dilation=self.dilation,
-                        groups=self.groups, layout=self.layout, algo=self.algo)
+        return api.conv(xb, w, bias, **self.args())
 
 
 def conv(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
@@ -290,12 +295,9 @@ def conv(x: Any, w: Any, bias: Any = None, *, stride: Any = 1, padding: Any = 0,
 
 
 @dataclass(frozen=True)
-class _Transpose:
-    stride: tuple[int, ...]
-    dilation: tuple[int, ...]
-    groups: int
-    layout: str
-    algo: str
+class _Transpose(_Conv):
+    """The transposed conv of one block, cropped to its output chunk."""
+
     out_channels: int
 
     def __call__(self, xb: np.ndarray, w: np.ndarray, bias: Any, extra: Any) -> np.ndarray:
@@ -308,8 +310,7 @@ class _Transpose:
             shape[ax] = size
         y = np.zeros(shape, dtype=xb.dtype)
         if all(xb.shape[ax] for ax in spatial) and xb.shape[0]:
-            full = api.conv_transpose(xb, w, stride=self.stride, dilation=self.dilation,
-                                      groups=self.groups, layout=self.layout, algo=self.algo)
+            full = api.conv_transpose(xb, w, **self.args())
             src, dst = [slice(None)] * xb.ndim, [slice(None)] * xb.ndim
             for ax, (origin, start, size) in zip(spatial, extra):
                 lo, hi = max(origin, start), min(origin + full.shape[ax], start + size)
