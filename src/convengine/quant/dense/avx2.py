@@ -1,22 +1,30 @@
 """The AVX2 int8 micro-kernels (CPUs without VNNI): 6 x 16 int32 tiles by ``vpmaddwd``.
 
-``ukernel_6x16(a, a_off, lda, b, b_off, kc2, mr, c, c_off, ldc)`` computes, for rows
-``r < mr`` of the int16 matrix at ``a[a_off + r * lda + 2k + i]`` (the activations'
-differences ``x - x_zero_point``) and the int16 weights packed as
-``b[b_off + (k * 16 + col) * 2 + i]`` (layout (Kc/2, 16, 2): ``w - w_zero_point``):
+The kernels take their arguments as a few records, numba tuples whose members are
+named by the ``NamedTuple`` classes below (:mod:`.records`): :class:`AOperand` ``(a,
+a_off, lda, mr)``, :class:`BOperand` ``(b, b_off, k_steps)``, :class:`Tile` ``(c,
+c_off, ldc)``, :class:`Dest` ``(out, out_off, ldo)`` and :class:`Requant` ``(bias,
+mult, o0, lo, hi, zp)``.
 
-    c[c_off + r * ldc + col] = sum_{k < kc2, i < 2} a[r, 2k + i] * b[k, col, i]   (int32)
+``ukernel_6x16(a, b, tile)`` computes, for rows ``r < mr`` of the int16 matrix at
+``a[a_off + r * lda + 2k + i]`` (the activations' differences ``x - x_zero_point``)
+and the int16 weights packed as ``b[b_off + (k * 16 + col) * 2 + i]`` (layout
+(Kc/2, 16, 2): ``w - w_zero_point``, ``k < k_steps``):
 
-Rows ``r >= mr`` repeat row ``mr - 1`` and are not stored. ``ukernel_requant_6x16``
-stores the tile requantized to 8 bits instead (:func:`_make_ukernel_requant`). ``vpmaddwd`` multiplies
+    c[c_off + r * ldc + col] = sum_{k < k_steps, i < 2} a[r, 2k + i] * b[k, col, i]   (int32)
+
+Rows ``r >= mr`` repeat row ``mr - 1`` and are not stored. ``ukernel_requant_6x16(a,
+b, dest, requant)`` stores the tile requantized to 8 bits instead
+(:func:`_make_ukernel_requant`). ``vpmaddwd`` multiplies
 int16 pairs and adds each pair into an int32 lane: exact here (a pair is at most
 2 * 255 * 255), unlike the ``vpmaddubsw`` of fbgemm and ONNX Runtime on these CPUs,
 which saturates each pair's sum to int16. The 12 accumulators are ``<8 x i32>``
 allocas that LLVM keeps in ymm registers.
 
-``ukernel_requant_u8s8_6x16`` takes the raw uint8 activations and int8 weights
-packed (Kc/4, 16, 4) instead: ``vpmaddubsw`` multiplies byte pairs and adds each pair
-into an int16 lane, saturating it (as fbgemm and ONNX Runtime do); ``vpmaddwd`` with
+``ukernel_requant_u8s8_6x16(a, b, dest, requant, start)`` takes the raw uint8
+activations and int8 weights packed (Kc/4, 16, 4) instead (``k_steps`` quads), and
+starts from the int32 tile ``start``: ``vpmaddubsw`` multiplies byte pairs and adds
+each pair into an int16 lane, saturating it (as fbgemm and ONNX Runtime do); ``vpmaddwd`` with
 ones adds the pairs into int32. Per 32 products it issues two multiplies and one add
 where the int16 form issues two of each, and it loads half the bytes of A and B
 (measured alone on a Zen 3: 95 against 62 GMAC/s a core). A pair saturates only if
@@ -30,7 +38,7 @@ bits of an int), and the lowest set bit's index.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from llvmlite import ir
 from numba import types
@@ -40,6 +48,7 @@ from numba.extending import intrinsic
 from ...algorithms.fma import row_pointers, splat
 from ...epilogue_codes import Epilogue
 from .._ir import requant
+from .records import ARRAY, record_type, unpack_args
 
 MR = 6  # rows (output pixels) per tile
 NR = 16  # columns (output channels) per tile: two ymm of int32
@@ -49,35 +58,81 @@ _W16 = ir.VectorType(ir.IntType(16), 16)
 _B32 = ir.VectorType(ir.IntType(8), 32)
 
 
-def _tile(context, builder, signature, args, start: int | None = None,
+class AOperand(NamedTuple):
+    """Rows ``r < mr`` at ``a[a_off + r * lda:]``: int16 pairs (uint8 quads for
+    u8s8); rows from ``mr`` on repeat row ``mr - 1``."""
+
+    a: Any
+    a_off: Any
+    lda: Any
+    mr: Any
+
+
+class BOperand(NamedTuple):
+    """Weights at ``b[b_off:]``: int16 (k_steps, 16, 2) (int8 (k_steps, 16, 4) for
+    u8s8)."""
+
+    b: Any
+    b_off: Any
+    k_steps: Any
+
+
+class Tile(NamedTuple):
+    """The int32 tile at ``c[c_off + r * ldc + col]`` (``ldc`` 0: one row for all)."""
+
+    c: Any
+    c_off: Any
+    ldc: Any
+
+
+class Dest(NamedTuple):
+    """8-bit rows ``r < mr`` at ``out[out_off + r * ldo:]``, 16 columns."""
+
+    out: Any
+    out_off: Any
+    ldo: Any
+
+
+class Requant(NamedTuple):
+    """Column ``j``'s ``bias`` (float32: PyTorch's requantization; int32: ONNX's) and
+    ``mult`` (float32) at ``o0 + j``; the clamp ``lo``, ``hi`` and the zero point
+    ``zp`` (float64)."""
+
+    bias: Any
+    mult: Any
+    o0: Any
+    lo: Any
+    hi: Any
+    zp: Any
+
+
+_i, _f = types.intp, types.float64
+_A, _B, _TILE = AOperand(ARRAY, _i, _i, _i), BOperand(ARRAY, _i, _i), Tile(ARRAY, _i, _i)
+_DEST, _REQUANT = Dest(ARRAY, _i, _i), Requant(ARRAY, ARRAY, _i, _f, _f, _f)
+
+
+def _tile(builder, a: AOperand, b: BOperand, start: Tile | None = None,
           u8s8: bool = False) -> list[list[ir.Value]]:
-    """The 6 x 2 accumulator allocas of the tile of ``args[:7]`` (a, a_off, lda, b,
-    b_off, k_steps, mr: see the module doc), started from the int32 tile at
-    ``args[start][args[start + 1]:]``, rows ``args[start + 2]`` apart (0: one row for
-    all), if ``start`` is given, else from zero.
+    """The 6 x 2 accumulator allocas of the tile of ``a`` and ``b`` (see the module
+    doc), started from the int32 tile ``start`` if given, else from zero.
 
     ``u8s8``: A holds uint8 bytes and B int8 weights packed (Kc/4, 16, 4); each step
     multiplies a quad of bytes by ``vpmaddubsw`` (pairs of products, each pair
     saturated to int16) and adds the pairs by ``vpmaddwd`` with ones. Else A holds
     int16 pairs and B (Kc/2, 16, 2) int16, one ``vpmaddwd``."""
-    a_arr, b_arr = (context.make_array(signature.args[k])(context, builder, args[k])
-                    for k in (0, 3))
-    _, a_off_v, lda_v, _, b_off_v, steps_v, mr_v = args[:7]
-    intp = a_off_v.type
+    intp = a.a_off.type
     pmadd = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(_V8, [_W16, _W16]), "llvm.x86.avx2.pmadd.wd")
     operand = _B32 if u8s8 else _W16  # one register of B: 16 columns x 2 (or 4) values
-    rows = row_pointers(builder, builder.gep(a_arr.data, [a_off_v]), MR, mr_v, lda_v)
+    rows = row_pointers(builder, builder.gep(a.a, [a.a_off]), MR, a.mr, a.lda)
     rows = [builder.bitcast(p, _I32.as_pointer()) for p in rows]  # int16 pairs, byte quads
-    b0 = builder.bitcast(builder.gep(b_arr.data, [b_off_v]), operand.as_pointer())
+    b0 = builder.bitcast(builder.gep(b.b, [b.b_off]), operand.as_pointer())
     if start is None:
         first = [[ir.Constant(_V8, None)] * 2 for _ in range(MR)]
     else:
-        c_arr = context.make_array(signature.args[start])(context, builder, args[start])
-        c0 = builder.gep(c_arr.data, [args[start + 1]])
-        ld = args[start + 2]
+        c0 = builder.gep(start.c, [start.c_off])
         first = [[builder.load(builder.bitcast(builder.gep(c0, [builder.add(
-            builder.mul(ir.Constant(intp, r), ld), ir.Constant(intp, 8 * j))]),
+            builder.mul(ir.Constant(intp, r), start.ldc), ir.Constant(intp, 8 * j))]),
             _V8.as_pointer()), align=4) for j in range(2)] for r in range(MR)]
     accs = [[cgutils.alloca_once_value(builder, first[r][j]) for j in range(2)]
             for r in range(MR)]
@@ -91,7 +146,7 @@ def _tile(context, builder, signature, args, start: int | None = None,
     else:
         def product(av: ir.Value, wv: ir.Value) -> ir.Value:
             return builder.call(pmadd, [av, wv])
-    with cgutils.for_range(builder, steps_v) as loop:
+    with cgutils.for_range(builder, b.k_steps) as loop:
         k = loop.index
         wv = [builder.load(builder.gep(b0, [builder.add(builder.mul(k, ir.Constant(intp, 2)),
                                                         ir.Constant(intp, j))]), align=2)
@@ -114,14 +169,14 @@ def _for_rows(builder, mr_v, base, ld_v, body) -> None:
 
 
 def _make_ukernel() -> Any:
-    def ukernel(typingctx, a, a_off, lda, b, b_off, kc2, mr, c, c_off, ldc):
-        i = types.intp
-        sig = types.void(a, i, i, b, i, i, i, c, i, i)
+    def ukernel(typingctx, a, b, tile):
+        sig = types.void(*map(record_type, (a, b, tile), (_A, _B, _TILE)))
 
         def codegen(context, builder, signature, args):
-            accs = _tile(context, builder, signature, args)
-            c_arr = context.make_array(signature.args[7])(context, builder, args[7])
-            intp = args[1].type
+            a_op, b_op, c = unpack_args(context, builder, signature, args, AOperand, BOperand,
+                                        Tile)
+            accs = _tile(builder, a_op, b_op)
+            intp = c.c_off.type
 
             def store(r, at):
                 for j in range(2):
@@ -129,7 +184,7 @@ def _make_ukernel() -> Any:
                                           _V8.as_pointer())
                     builder.store(builder.load(accs[r][j]), ptr, align=4)
 
-            _for_rows(builder, args[6], builder.gep(c_arr.data, [args[8]]), args[9], store)
+            _for_rows(builder, a_op.mr, builder.gep(c.c, [c.c_off]), c.ldc, store)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -164,52 +219,49 @@ def store_bytes(builder, qs: list[ir.Value], ptr: ir.Value, signed: bool) -> Non
 
 
 def _make_ukernel_requant(u8s8: bool = False) -> Any:
-    """The tile of 16 whole columns requantized into 8-bit ``out``: rows ``r < mr`` go
-    to ``out[out_off + r * ldo + j]`` as :func:`~convengine.quant._ir.requant` of the
-    accumulator, ``bias`` and ``mult`` read at ``o0`` (float32 ``bias``: PyTorch's
-    requantization; int32: ONNX's), ``lo``, ``hi``, ``zp`` float64. ``u8s8``: the :func:`_tile` of raw bytes
-    (K in quads), started from the int32 tile ``start[start_off:]`` with rows
-    ``start_ld`` apart (three more arguments)."""
+    """The tile of 16 whole columns requantized into 8-bit ``out``: ``ukernel(a, b,
+    dest, requant)`` stores rows ``r < mr`` to ``out[out_off + r * ldo + j]`` as
+    :func:`~convengine.quant._ir.requant` of the accumulator, ``bias`` and ``mult``
+    read at ``o0`` (float32 ``bias``: PyTorch's requantization; int32: ONNX's).
+    ``u8s8``: the :func:`_tile` of raw bytes (K in quads), started from the int32 tile
+    ``start`` (a fifth argument, a :class:`Tile`)."""
+    layouts = (_A, _B, _DEST, _REQUANT, *((_TILE,) if u8s8 else ()))
 
-    def typed(a, b, out, bias, mult, extra):
-        i, f = types.intp, types.float64
-        sig = types.void(a, i, i, b, i, i, i, out, i, i, bias, mult, i, f, f, f, *extra)
-        return sig, _requant_codegen(isinstance(bias.dtype, types.Integer), u8s8)
+    def typed(a, b, dest, rq, *start):
+        sig = types.void(*map(record_type, (a, b, dest, rq, *start), layouts))
+        onnx = isinstance(Requant(*rq.types).bias.dtype, types.Integer)
+        return sig, _requant_codegen(onnx, Dest(*dest.types).out.dtype.signed, u8s8)
 
-    def ukernel(typingctx, a, a_off, lda, b, b_off, k_steps, mr, out, out_off, ldo, bias,
-                mult, o0, lo, hi, zp):
-        return typed(a, b, out, bias, mult, ())
+    def ukernel(typingctx, a, b, dest, rq):
+        return typed(a, b, dest, rq)
 
-    def ukernel_u8s8(typingctx, a, a_off, lda, b, b_off, k_steps, mr, out, out_off, ldo,
-                     bias, mult, o0, lo, hi, zp, start, start_off, start_ld):
-        return typed(a, b, out, bias, mult, (start, types.intp, types.intp))
+    def ukernel_u8s8(typingctx, a, b, dest, rq, start):
+        return typed(a, b, dest, rq, start)
 
     chosen = ukernel_u8s8 if u8s8 else ukernel
     chosen.__name__ = f"ukernel_avx2_requant{'_u8s8' if u8s8 else ''}_{MR}x{NR}"
     return intrinsic(chosen)
 
 
-def _requant_codegen(onnx: bool, u8s8: bool) -> Any:
-    """The code of :func:`_make_ukernel_requant`'s kernels."""
+def _requant_codegen(onnx: bool, signed: bool, u8s8: bool) -> Any:
+    """The code of :func:`_make_ukernel_requant`'s kernels (``signed``: int8 ``out``)."""
 
     def codegen(context, builder, signature, args):
-        accs = _tile(context, builder, signature, args, 16 if u8s8 else None, u8s8)
-        out_arr, bias_arr, mult_arr = (
-            context.make_array(signature.args[k])(context, builder, args[k])
-            for k in (7, 10, 11))
-        o0_v, lo_v, hi_v, zp_v = args[12:16]
-        intp = o0_v.type
-        lo_v, hi_v, zp_v = (builder.fptrunc(v, ir.FloatType()) for v in (lo_v, hi_v, zp_v))
+        a, b, dest, rq, *start = unpack_args(context, builder, signature, args, AOperand,
+                                             BOperand, Dest, Requant,
+                                             *((Tile,) if u8s8 else ()))
+        accs = _tile(builder, a, b, start[0] if u8s8 else None, u8s8)
+        intp = rq.o0.type
+        lo_v, hi_v, zp_v = (builder.fptrunc(v, ir.FloatType()) for v in (rq.lo, rq.hi, rq.zp))
         mode = Epilogue.REQUANT_INT32 if onnx else Epilogue.REQUANT_FLOAT
         consts = []
         for j in range(2):
-            at = builder.add(o0_v, ir.Constant(intp, 8 * j))
+            at = builder.add(rq.o0, ir.Constant(intp, 8 * j))
             bias_t = _V8 if onnx else ir.VectorType(ir.FloatType(), 8)
-            consts.append([builder.load(builder.bitcast(builder.gep(arr.data, [at]),
+            consts.append([builder.load(builder.bitcast(builder.gep(data, [at]),
                                                         t.as_pointer()), align=4)
-                           for arr, t in ((bias_arr, bias_t),
-                                          (mult_arr, ir.VectorType(ir.FloatType(), 8)))])
-        signed = signature.args[7].dtype.signed
+                           for data, t in ((rq.bias, bias_t),
+                                           (rq.mult, ir.VectorType(ir.FloatType(), 8)))])
 
         def store(r, at):
             qs = [requant(builder, builder.load(accs[r][j]), *consts[j], lo_v, hi_v, zp_v,
@@ -217,7 +269,7 @@ def _requant_codegen(onnx: bool, u8s8: bool) -> Any:
             store_bytes(builder, qs, builder.bitcast(at, ir.IntType(8).as_pointer()),
                         signed)
 
-        _for_rows(builder, args[6], builder.gep(out_arr.data, [args[8]]), args[9], store)
+        _for_rows(builder, a.mr, builder.gep(dest.out, [dest.out_off]), dest.ldo, store)
         return context.get_dummy_value()
 
     return codegen

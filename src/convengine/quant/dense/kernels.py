@@ -376,25 +376,27 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
 def _tiles(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep):
     """The panel's row blocks (rows m0..m1 at ``a[a0 + (m - m0) * lda]``) against one
     K chunk of one column block, int32 into ``ctile``: the micro-kernel that fits
-    ``ncol``."""
+    ``ncol``. (The micro-kernels' records are built where they are called: tuples
+    holding arrays live across no loop, so their reference counts cancel.)"""
     if ncol <= 16:
         for rb in range(m0, m1, 12):
-            ukernel_12x16(a, a0 + (rb - m0) * lda, lda, wp, b_off, kn, min(12, m1 - rb), ctile,
-                          (rb - m0) * NR, keep)
+            ukernel_12x16((a, a0 + (rb - m0) * lda, lda, min(12, m1 - rb)), (wp, b_off, kn),
+                          (ctile, (rb - m0) * NR, keep))
     elif ncol <= 32:
         for rb in range(m0, m1, 8):
-            ukernel_8x32(a, a0 + (rb - m0) * lda, lda, wp, b_off, kn, min(8, m1 - rb), ctile,
-                         (rb - m0) * NR, keep)
+            ukernel_8x32((a, a0 + (rb - m0) * lda, lda, min(8, m1 - rb)), (wp, b_off, kn),
+                         (ctile, (rb - m0) * NR, keep))
     else:
         for rb in range(m0, m1, MR):
             mr = min(MR, m1 - rb)
-            at, c_at = a0 + (rb - m0) * lda, (rb - m0) * NR
+            a_rows, weights = (a, a0 + (rb - m0) * lda, lda, mr), (wp, b_off, kn)
+            tile = (ctile, (rb - m0) * NR, keep)
             if mr <= 2:  # a short last block: a shorter kernel, not 6 rows' work
-                ukernel_2x64(a, at, lda, wp, b_off, kn, mr, ctile, c_at, keep)
+                ukernel_2x64(a_rows, weights, tile)
             elif mr <= 4:
-                ukernel_4x64(a, at, lda, wp, b_off, kn, mr, ctile, c_at, keep)
+                ukernel_4x64(a_rows, weights, tile)
             else:
-                ukernel_6x64(a, at, lda, wp, b_off, kn, mr, ctile, c_at, keep)
+                ukernel_6x64(a_rows, weights, tile)
 
 
 @njit(inline="always")
@@ -404,30 +406,31 @@ def _tiles_requant(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep, out, ld
     bytes, columns from ``o0``) by the micro-kernels' own epilogue."""
     if ncol <= 16:
         for rb in range(m0, m1, 12):
-            ukernel_requant_12x16(a, a0 + (rb - m0) * lda, lda, wp, b_off, kn, min(12, m1 - rb),
-                                  ctile, (rb - m0) * NR, keep, out, rb * ldo + o0, ldo, ncol,
-                                  rows, rb - m0, col_term, wzp, bias_f, mult, o0, qmin, qmax, zp)
+            a_rows, weights = (a, a0 + (rb - m0) * lda, lda, min(12, m1 - rb)), (wp, b_off, kn)
+            tile, sums = (ctile, (rb - m0) * NR, keep), (rows, rb - m0)
+            dest = (out, rb * ldo + o0, ldo, ncol)
+            rq = (col_term, wzp, bias_f, mult, o0, qmin, qmax, zp)
+            ukernel_requant_12x16(a_rows, weights, tile, dest, sums, rq)
     elif ncol <= 32:
         for rb in range(m0, m1, 8):
-            ukernel_requant_8x32(a, a0 + (rb - m0) * lda, lda, wp, b_off, kn, min(8, m1 - rb),
-                                 ctile, (rb - m0) * NR, keep, out, rb * ldo + o0, ldo, ncol,
-                                 rows, rb - m0, col_term, wzp, bias_f, mult, o0, qmin, qmax, zp)
+            a_rows, weights = (a, a0 + (rb - m0) * lda, lda, min(8, m1 - rb)), (wp, b_off, kn)
+            tile, sums = (ctile, (rb - m0) * NR, keep), (rows, rb - m0)
+            dest = (out, rb * ldo + o0, ldo, ncol)
+            rq = (col_term, wzp, bias_f, mult, o0, qmin, qmax, zp)
+            ukernel_requant_8x32(a_rows, weights, tile, dest, sums, rq)
     else:
         for rb in range(m0, m1, MR):
             mr = min(MR, m1 - rb)
-            at, c_at, o_at = a0 + (rb - m0) * lda, (rb - m0) * NR, rb * ldo + o0
+            a_rows, weights = (a, a0 + (rb - m0) * lda, lda, mr), (wp, b_off, kn)
+            tile, sums = (ctile, (rb - m0) * NR, keep), (rows, rb - m0)
+            dest = (out, rb * ldo + o0, ldo, ncol)
+            rq = (col_term, wzp, bias_f, mult, o0, qmin, qmax, zp)
             if mr <= 2:
-                ukernel_requant_2x64(a, at, lda, wp, b_off, kn, mr, ctile, c_at, keep, out, o_at,
-                                     ldo, ncol, rows, rb - m0, col_term, wzp, bias_f, mult, o0,
-                                     qmin, qmax, zp)
+                ukernel_requant_2x64(a_rows, weights, tile, dest, sums, rq)
             elif mr <= 4:
-                ukernel_requant_4x64(a, at, lda, wp, b_off, kn, mr, ctile, c_at, keep, out, o_at,
-                                     ldo, ncol, rows, rb - m0, col_term, wzp, bias_f, mult, o0,
-                                     qmin, qmax, zp)
+                ukernel_requant_4x64(a_rows, weights, tile, dest, sums, rq)
             else:
-                ukernel_requant_6x64(a, at, lda, wp, b_off, kn, mr, ctile, c_at, keep, out, o_at,
-                                     ldo, ncol, rows, rb - m0, col_term, wzp, bias_f, mult, o0,
-                                     qmin, qmax, zp)
+                ukernel_requant_6x64(a_rows, weights, tile, dest, sums, rq)
 
 
 @kernel(parallel=True)
@@ -490,20 +493,15 @@ def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias, zp, lo
             o0 = b * NR
             for ow0 in range(0, ow_n, MR):
                 mr = min(MR, ow_n - ow0)
-                at = a_row + ow0 * sw * cp
-                o_at = (orow * ow_n + ow0) * ldo + o0
+                a_rows, weights = (xp, a_row + ow0 * sw * cp, sw * cp, mr), (wp, b_off, c4n)
+                dest = (out, (orow * ow_n + ow0) * ldo + o0, ldo, ncol)
+                sums, rq = (zeros, 0), (col_term, col_term, bias, mult, o0, qmin, qmax, zp)
                 if mr <= 2:
-                    ukernel_taps_2x64(xp, at, sw * cp, wp, b_off, c4n, taps, tapoff, mr, out, o_at,
-                                      ldo, ncol, zeros, 0, col_term, col_term, bias, mult, o0,
-                                      qmin, qmax, zp)
+                    ukernel_taps_2x64(a_rows, weights, (tapoff, taps), dest, sums, rq)
                 elif mr <= 4:
-                    ukernel_taps_4x64(xp, at, sw * cp, wp, b_off, c4n, taps, tapoff, mr, out, o_at,
-                                      ldo, ncol, zeros, 0, col_term, col_term, bias, mult, o0,
-                                      qmin, qmax, zp)
+                    ukernel_taps_4x64(a_rows, weights, (tapoff, taps), dest, sums, rq)
                 else:
-                    ukernel_taps_6x64(xp, at, sw * cp, wp, b_off, c4n, taps, tapoff, mr, out, o_at,
-                                      ldo, ncol, zeros, 0, col_term, col_term, bias, mult, o0,
-                                      qmin, qmax, zp)
+                    ukernel_taps_6x64(a_rows, weights, (tapoff, taps), dest, sums, rq)
         if res_kind != 0:
             b0, b1 = part * nb // parts, (part + 1) * nb // parts
             residual_rows(out, orow * ow_n, (orow + 1) * ow_n, b0 * NR, min(og, b1 * NR), res,
@@ -608,18 +606,21 @@ def conv_avx2(x, flip, xzp, wp, geo, groups, kc, kc2, nb, prows, direct, zeros, 
             o0 = g * og + b * AVX2_NR
             ncol = min(AVX2_NR, og - b * AVX2_NR)
             b_off = ((g * nb + b) * kc2) * 2 * AVX2_NR
+            if vector_store and ncol == AVX2_NR:  # one loop per mode: see _panel_u8s8
+                if mode == 0:
+                    for r0 in range(0, rows, AVX2_MR):
+                        ukernel_requant_6x16((a, r0 * lda, lda, min(AVX2_MR, rows - r0)),
+                                             (wp, b_off, kc2), (out, (m0 + r0) * ldo + o0, ldo),
+                                             (bias_f, mult, o0, flo, fhi, fzp))
+                else:
+                    for r0 in range(0, rows, AVX2_MR):
+                        ukernel_requant_6x16((a, r0 * lda, lda, min(AVX2_MR, rows - r0)),
+                                             (wp, b_off, kc2), (out, (m0 + r0) * ldo + o0, ldo),
+                                             (bias_i, mult, o0, flo, fhi, fzp))
+                continue
             for r0 in range(0, rows, AVX2_MR):
                 mr = min(AVX2_MR, rows - r0)
-                if vector_store and ncol == AVX2_NR:
-                    at = (m0 + r0) * ldo + o0
-                    if mode == 0:
-                        ukernel_requant_6x16(a, r0 * lda, lda, wp, b_off, kc2, mr, out, at,
-                                             ldo, bias_f, mult, o0, flo, fhi, fzp)
-                    else:
-                        ukernel_requant_6x16(a, r0 * lda, lda, wp, b_off, kc2, mr, out, at,
-                                             ldo, bias_i, mult, o0, flo, fhi, fzp)
-                    continue
-                ukernel_6x16(a, r0 * lda, lda, wp, b_off, kc2, mr, tile, 0, NR)
+                ukernel_6x16((a, r0 * lda, lda, mr), (wp, b_off, kc2), (tile, 0, NR))
                 _store_tile(tile, mr, ncol, m0 + r0, o0, zeros, 0, zeros, zeros, mode, mult,
                             bias_f, bias_i, zp, lo, hi, out)
         if res_kind != 0:
@@ -699,8 +700,12 @@ def conv_avx2_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, 
     npanel = (out.shape[0] + prows - 1) // prows
     for p in prange(npanel):
         m0 = p * prows
-        _panel_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb, m0,
-                    prows, in_place, mode, mult, bias_f, bias_i, zp, lo, hi, out)
+        if mode == 0:
+            _panel_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb, m0,
+                        prows, in_place, mult, bias_f, zp, lo, hi, out)
+        else:
+            _panel_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb, m0,
+                        prows, in_place, mult, bias_i, zp, lo, hi, out)
         if res_kind != 0:
             residual_rows(out, m0, min(m0 + prows, out.shape[0]), 0, out.shape[1], res,
                           res_kind, res_params)
@@ -708,11 +713,14 @@ def conv_avx2_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, 
 
 @kernel()
 def _panel_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb, m0, prows,
-                in_place, mode, mult, bias_f, bias_i, zp, lo, hi, out):
-    """Rows ``m0:m0 + prows`` of :func:`conv_avx2_u8s8`. A function of its own, called
-    from the parallel loop: its buffers are its own, and its code does not depend on
-    how numba transforms that loop (inlined there, a kernel of this shape ran at half
-    speed on two threads after some compilation orders)."""
+                in_place, mult, bias, zp, lo, hi, out):
+    """Rows ``m0:m0 + prows`` of :func:`conv_avx2_u8s8`, requantized as mode 0 (float32
+    ``bias``) or 1 (int32). A function of its own, called from the parallel loop: its
+    buffers are its own, and its code does not depend on how numba transforms that loop
+    (inlined there, a kernel of this shape ran at half speed on two threads after some
+    compilation orders); one compilation per mode, so that no branch on the mode picks
+    between two micro-kernel calls whose records hold different arrays (their reference
+    counts would then not cancel)."""
     rows = min(prows, out.shape[0] - m0)
     lda = kc4 * 4
     ldo = out.strides[0]
@@ -730,19 +738,13 @@ def _panel_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb,
         b_off = b * kc4 * AVX2_NR * 4
         for r0 in range(0, rows, AVX2_MR):
             mr = min(AVX2_MR, rows - r0)
-            init, init_at, init_ld = col_term, o0, 0  # every row starts at col_term
-            if first[r0 + mr] > first[r0] and _start_tile(start, col_term, o0, r0, mr, first,
-                                                          fix_o, fix_d):
-                init, init_at, init_ld = start, 0, AVX2_NR
-            at = (m0 + r0) * ldo + o0
-            if mode == 0:
-                ukernel_requant_u8s8_6x16(a, a0 + r0 * lda, lda, wp, b_off, kc4, mr, out, at,
-                                          ldo, bias_f, mult, o0, flo, fhi, fzp, init,
-                                          init_at, init_ld)
-            else:
-                ukernel_requant_u8s8_6x16(a, a0 + r0 * lda, lda, wp, b_off, kc4, mr, out, at,
-                                          ldo, bias_i, mult, o0, flo, fhi, fzp, init,
-                                          init_at, init_ld)
+            fixed = first[r0 + mr] > first[r0] and _start_tile(start, col_term, o0, r0, mr,
+                                                               first, fix_o, fix_d)
+            # the tile starts at ``start``, else every row at col_term (one tuple a path)
+            init = (start, 0, AVX2_NR) if fixed else (col_term, o0, 0)
+            ukernel_requant_u8s8_6x16((a, a0 + r0 * lda, lda, mr), (wp, b_off, kc4),
+                                      (out, (m0 + r0) * ldo + o0, ldo),
+                                      (bias, mult, o0, flo, fhi, fzp), init)
 
 
 @kernel()

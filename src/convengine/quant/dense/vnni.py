@@ -1,8 +1,19 @@
 """The AVX512-VNNI int8 micro-kernel: a 6 x 64 int32 tile by ``vpdpbusd``.
 
-``ukernel_6x64(a, a_off, lda, b, b_off, kc4, mr, c, c_off, acc_in)`` computes, for
-rows ``r < mr`` of the uint8 matrix at ``a[a_off + r * lda + 4k + i]`` and the int8
-weights packed as ``b[b_off + (k * 64 + col) * 4 + i]`` (layout (Kc/4, 64, 4)):
+The kernels take their arguments as a few records, numba tuples whose members are
+named by the ``NamedTuple`` classes below (:mod:`.records`):
+
+- :class:`AOperand` ``(a, a_off, lda, mr)``: rows ``r < mr`` of the uint8 matrix at
+  ``a[a_off + r * lda + 4k + i]``;
+- :class:`BOperand` ``(b, b_off, kc4)``: the int8 weights packed as
+  ``b[b_off + (k * 64 + col) * 4 + i]`` (layout (Kc/4, 64, 4)), ``k < kc4``;
+- :class:`Tile` ``(c, c_off, acc_in)``: the int32 tile at ``c[c_off + r * 64 + col]``
+  (rows of 64 whatever the kernel's width), added to if ``acc_in`` is non-zero;
+- :class:`Dest`, :class:`RowSums`, :class:`Requant`: the requantized 8-bit store
+  (:func:`_make_ukernel_requant`); :class:`Taps`: the implicit GEMM's kernel taps
+  (:func:`_make_ukernel_taps`).
+
+``ukernel_6x64(a, b, tile)`` computes
 
     c[c_off + r * 64 + col] = (c[...] if acc_in else 0)
                               + sum_{k < kc4, i < 4} a[r, 4k + i] * b[k, col, i]   (int32)
@@ -11,15 +22,16 @@ Rows ``r >= mr`` repeat row ``mr - 1`` (their results are ignored by the caller)
 The 24 accumulators are ``<16 x i32>`` allocas that LLVM keeps in zmm registers.
 Narrow variants for narrow column blocks: ``ukernel_8x32`` and ``ukernel_12x16``
 (same arguments, 8 rows x 32 columns and 12 rows x 16 columns); short ones for a
-panel's last rows: ``ukernel_2x64``, ``ukernel_4x64``. ``ukernel_requant_*``
-end in the requantized 8-bit store instead (:func:`_make_ukernel_requant`).
-``vpdpbusd`` multiplies unsigned by signed bytes and adds without saturation:
+panel's last rows: ``ukernel_2x64``, ``ukernel_4x64``. ``ukernel_requant_*(a, b,
+tile, dest, sums, requant)`` end in the requantized 8-bit store instead;
+``ukernel_taps_*(a, b, taps, dest, sums, requant)`` read A's rows in place, tap by
+tap. ``vpdpbusd`` multiplies unsigned by signed bytes and adds without saturation:
 the sum is exact modulo 2**32.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from llvmlite import ir
 from numba import types
@@ -29,11 +41,90 @@ from numba.extending import intrinsic
 from ...algorithms.fma import splat
 from ...epilogue_codes import Epilogue
 from .._ir import VB, VF, VI, bounds, lane_mask, masked_store, requant
+from .records import ARRAY, record_type, unpack_args
 
 MR = 6
 NR = 64
-_I8, _I32 = ir.IntType(8), ir.IntType(32)
+_I32 = ir.IntType(32)
 _V16 = ir.VectorType(_I32, 16)
+
+
+class AOperand(NamedTuple):
+    """Rows ``r < mr`` of uint8 at ``a[a_off + r * lda:]`` (rows from ``mr`` on repeat
+    row ``mr - 1``)."""
+
+    a: Any
+    a_off: Any
+    lda: Any
+    mr: Any
+
+
+class BOperand(NamedTuple):
+    """int8 weights at ``b[b_off:]``, (kc4, 64, 4) (the taps kernels: kc4 quads a
+    tap, the taps one after another)."""
+
+    b: Any
+    b_off: Any
+    kc4: Any
+
+
+class Tile(NamedTuple):
+    """The int32 tile at ``c[c_off + r * 64 + col]``, the sum's start if ``acc_in`` is
+    non-zero."""
+
+    c: Any
+    c_off: Any
+    acc_in: Any
+
+
+class Dest(NamedTuple):
+    """8-bit rows ``r < mr`` at ``out[out_off + r * ldo:]``, columns ``j < ncol``."""
+
+    out: Any
+    out_off: Any
+    ldo: Any
+    ncol: Any
+
+
+class RowSums(NamedTuple):
+    """Row ``r``'s byte sum at ``rows[r_off + r]`` (int32)."""
+
+    rows: Any
+    r_off: Any
+
+
+class Requant(NamedTuple):
+    """Column ``j``'s terms at ``o0 + j`` of ``col_term``, ``wzp`` (int32), ``bias``
+    (float32, or int32: ONNX) and ``mult`` (float32); the clamp less the zero point,
+    ``qmin``, ``qmax`` (float32), and the zero point ``zp``."""
+
+    col_term: Any
+    wzp: Any
+    bias: Any
+    mult: Any
+    o0: Any
+    qmin: Any
+    qmax: Any
+    zp: Any
+
+
+class Taps(NamedTuple):
+    """Tap ``t < taps`` of a row at ``tapoff[t]`` bytes past the row's start (int64)."""
+
+    tapoff: Any
+    taps: Any
+
+
+_i, _f = types.intp, types.float32
+_PRODUCT = (AOperand(ARRAY, _i, _i, _i), BOperand(ARRAY, _i, _i), Tile(ARRAY, _i, _i))
+_STORE = (Dest(ARRAY, _i, _i, _i), RowSums(ARRAY, _i),
+          Requant(ARRAY, ARRAY, ARRAY, ARRAY, _i, _f, _f, _i))
+_TAPS = Taps(ARRAY, _i)
+
+
+def _int32_bias(requant_ty: types.Tuple) -> bool:
+    """Whether the :class:`Requant` record typed ``requant_ty`` requantizes as ONNX."""
+    return isinstance(Requant(*requant_ty.types).bias.dtype, types.Integer)
 
 
 def _vpdpbusd(builder: ir.IRBuilder) -> ir.Function:
@@ -49,13 +140,14 @@ def _make_ukernel(mr_rows: int, nvec: int) -> Any:
     """A micro-kernel of ``mr_rows`` rows x ``16 * nvec`` columns (see the module doc;
     ``c`` keeps rows of 64 int32 whatever the width)."""
 
-    def ukernel(typingctx, a, a_off, lda, b, b_off, kc4, mr, c, c_off, acc_in):
-        intp_t = types.intp
-        sig = types.void(a, intp_t, intp_t, b, intp_t, intp_t, intp_t, c, intp_t, intp_t)
+    def ukernel(typingctx, a, b, tile):
+        sig = types.void(*map(record_type, (a, b, tile), _PRODUCT))
 
         def codegen(context, builder, signature, args):
-            accs = _tile_codegen(context, builder, signature, args, mr_rows, nvec)
-            c_ptr = _c_ptrs(context, builder, signature, args)
+            a_op, b_op, c = unpack_args(context, builder, signature, args, AOperand, BOperand,
+                                        Tile)
+            accs = _tile_codegen(builder, a_op, b_op, c, mr_rows, nvec)
+            c_ptr = _c_ptrs(builder, c)
             for r in range(mr_rows):
                 for j in range(nvec):
                     builder.store(builder.load(accs[r][j]), c_ptr(r, j), align=4)
@@ -69,8 +161,9 @@ def _make_ukernel(mr_rows: int, nvec: int) -> Any:
 
 def _make_ukernel_requant(mr_rows: int, nvec: int) -> Any:
     """The micro-kernel ending in PyTorch's float requantization (``kernels.epilogue``
-    mode 0) instead of int32 stores: rows ``r < mr``, columns ``j < ncol`` of the tile
-    go to ``out[out_off + r * ldo + j]`` (8-bit) as
+    mode 0) instead of int32 stores: ``ukernel_requant(a, b, tile, dest, sums,
+    requant)`` stores rows ``r < mr``, columns ``j < ncol`` of the tile to
+    ``out[out_off + r * ldo + j]`` (8-bit) as
 
         q = requant(tile[r, j] + col_term[o] - wzp[o] * rows[r_off + r]),  o = o0 + j
 
@@ -79,15 +172,16 @@ def _make_ukernel_requant(mr_rows: int, nvec: int) -> Any:
     the zero point ``zp`` (:func:`~convengine.quant._ir.requant`, REQUANT_FLOAT). An
     int32 ``bias`` requantizes as ONNX instead (REQUANT_INT32)."""
 
-    def ukernel(typingctx, a, a_off, lda, b, b_off, kc4, mr, c, c_off, acc_in, out, out_off,
-                ldo, ncol, rows, r_off, col_term, wzp, bias, mult, o0, qmin, qmax, zp):
-        i = types.intp
-        sig = types.void(a, i, i, b, i, i, i, c, i, i, out, i, i, i, rows, i, col_term, wzp,
-                         bias, mult, i, types.float32, types.float32, i)
+    def ukernel(typingctx, a, b, tile, dest, sums, rq):
+        sig = types.void(*map(record_type, (a, b, tile, dest, sums, rq), _PRODUCT + _STORE))
+        onnx = _int32_bias(rq)
 
         def codegen(context, builder, signature, args):
-            accs = _tile_codegen(context, builder, signature, args, mr_rows, nvec)
-            _requant_epilogue(context, builder, signature, args, accs, 6, 10)
+            a_op, b_op, c, out, rows, params = unpack_args(
+                context, builder, signature, args, AOperand, BOperand, Tile, Dest, RowSums,
+                Requant)
+            accs = _tile_codegen(builder, a_op, b_op, c, mr_rows, nvec)
+            _requant_epilogue(builder, accs, a_op.mr, out, rows, params, onnx)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -98,31 +192,31 @@ def _make_ukernel_requant(mr_rows: int, nvec: int) -> Any:
 
 def _make_ukernel_taps(mr_rows: int) -> Any:
     """``mr_rows`` x 64 with the K loop over kernel taps read in place (implicit GEMM):
-    ``ukernel_taps(a, a_off, lda, b, b_off, c4n, taps, tapoff, mr, out, ...)`` sums, for
-    tap ``t < taps`` and ``k < c4n``, the 4 bytes at ``a[a_off + r * lda + tapoff[t] +
-    4k]`` against ``b[b_off + ((t * c4n + k) * 64 + col) * 4]``, from zero, then stores
-    as :func:`_make_ukernel_requant` (the arguments after ``mr`` are the same)."""
+    ``ukernel_taps(a, b, taps, dest, sums, requant)`` sums, for tap ``t < taps`` and
+    ``k < kc4``, the 4 bytes at ``a[a_off + r * lda + tapoff[t] + 4k]`` against
+    ``b[b_off + ((t * kc4 + k) * 64 + col) * 4]``, from zero, then stores as
+    :func:`_make_ukernel_requant` (the same ``dest``, ``sums``, ``requant``)."""
 
-    def ukernel(typingctx, a, a_off, lda, b, b_off, c4n, taps, tapoff, mr, out, out_off, ldo,
-                ncol, rows, r_off, col_term, wzp, bias, mult, o0, qmin, qmax, zp):
-        i = types.intp
-        sig = types.void(a, i, i, b, i, i, i, tapoff, i, out, i, i, i, rows, i, col_term, wzp,
-                         bias, mult, i, types.float32, types.float32, i)
+    def ukernel(typingctx, a, b, taps, dest, sums, rq):
+        sig = types.void(*map(record_type, (a, b, taps, dest, sums, rq),
+                              (*_PRODUCT[:2], _TAPS, *_STORE)))
+        onnx = _int32_bias(rq)
 
         def codegen(context, builder, signature, args):
-            t_arr = context.make_array(signature.args[7])(context, builder, args[7])
-            c4n_v, taps_v = args[5], args[6]
-            intp = c4n_v.type
-            a_rows, b0 = _operands(context, builder, signature, args, 8, mr_rows)
+            a_op, b_op, tp, out, rows, params = unpack_args(
+                context, builder, signature, args, AOperand, BOperand, Taps, Dest, RowSums,
+                Requant)
+            intp = b_op.kc4.type
+            a_rows, b0 = _operands(builder, a_op, b_op, mr_rows)
             accs = [[cgutils.alloca_once_value(builder, ir.Constant(_V16, None))
                      for _ in range(4)] for _ in range(mr_rows)]
-            with cgutils.for_range(builder, taps_v) as tl:
-                toff = builder.load(builder.gep(t_arr.data, [tl.index]))
+            with cgutils.for_range(builder, tp.taps) as tl:
+                toff = builder.load(builder.gep(tp.tapoff, [tl.index]))
                 rows_t = [builder.gep(p, [toff]) for p in a_rows]
-                bt = builder.gep(b0, [builder.mul(builder.mul(tl.index, c4n_v),
+                bt = builder.gep(b0, [builder.mul(builder.mul(tl.index, b_op.kc4),
                                                   ir.Constant(intp, NR * 4))])
-                _k_loop(builder, rows_t, bt, c4n_v, accs, 4)
-            _requant_epilogue(context, builder, signature, args, accs, 8, 9)
+                _k_loop(builder, rows_t, bt, b_op.kc4, accs, 4)
+            _requant_epilogue(builder, accs, a_op.mr, out, rows, params, onnx)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -131,36 +225,30 @@ def _make_ukernel_taps(mr_rows: int) -> Any:
     return intrinsic(ukernel)
 
 
-def _requant_epilogue(context: Any, builder: ir.IRBuilder, signature: Any, args: Any,
-                      accs: list[list[ir.Value]], mr_at: int, out_at: int) -> None:
+def _requant_epilogue(builder: ir.IRBuilder, accs: list[list[ir.Value]], mr: ir.Value,
+                      dest: Dest, sums: RowSums, rq: Requant, onnx: bool) -> None:
     """The requantized store of :func:`_make_ukernel_requant` for the accumulators
-    ``accs``; ``mr`` is argument ``mr_at``, ``out`` and the 13 after it start at
-    ``out_at`` (out, out_off, ldo, ncol, rows, r_off, col_term, wzp, bias, mult, o0,
-    qmin, qmax, zp)."""
+    ``accs`` of rows ``r < mr`` (``onnx``: ``rq.bias`` is int32)."""
     mr_rows, nvec = len(accs), len(accs[0])
-    k = out_at
-    arr = {j: context.make_array(signature.args[k + j])(context, builder, args[k + j])
-           for j in (0, 4, 6, 7, 8, 9)}
-    out_off, ldo, ncol, r_off, o0, qmin, qmax, zp = (args[k + j] for j in (
-        1, 2, 3, 5, 10, 11, 12, 13))
-    intp = out_off.type
-    out0 = builder.gep(arr[0].data, [out_off])
+    intp = dest.out_off.type
+    out0 = builder.gep(dest.out, [dest.out_off])
 
-    def column(a: int, j: int, vty: ir.VectorType) -> ir.Value:
-        at = builder.add(o0, ir.Constant(intp, 16 * j))
-        return builder.load(builder.bitcast(builder.gep(arr[a].data, [at]), vty.as_pointer()),
+    def column(data: ir.Value, j: int, vty: ir.VectorType) -> ir.Value:
+        at = builder.add(rq.o0, ir.Constant(intp, 16 * j))
+        return builder.load(builder.bitcast(builder.gep(data, [at]), vty.as_pointer()),
                             align=4)
 
-    onnx = isinstance(signature.args[k + 8].dtype, types.Integer)  # int32 bias: ONNX's
     mode = Epilogue.REQUANT_INT32 if onnx else Epilogue.REQUANT_FLOAT
-    lo, hi, zp_f = bounds(builder, qmin, qmax, zp)
-    cols = [(column(6, j, VI), column(7, j, VI), column(8, j, VI if onnx else VF),
-             column(9, j, VF)) for j in range(nvec)]
-    lanes = [builder.sub(ncol, ir.Constant(intp, 16 * j)) for j in range(nvec)]
+    lo, hi, zp_f = bounds(builder, rq.qmin, rq.qmax, rq.zp)
+    cols = [(column(rq.col_term, j, VI), column(rq.wzp, j, VI),
+             column(rq.bias, j, VI if onnx else VF), column(rq.mult, j, VF))
+            for j in range(nvec)]
+    lanes = [builder.sub(dest.ncol, ir.Constant(intp, 16 * j)) for j in range(nvec)]
     for r in range(mr_rows):
-        inside = builder.icmp_signed("<", ir.Constant(intp, r), args[mr_at])
+        inside = builder.icmp_signed("<", ir.Constant(intp, r), mr)
         with builder.if_then(inside):
-            rsum = builder.load(builder.gep(arr[4].data, [builder.add(r_off, ir.Constant(intp, r))]))
+            rsum = builder.load(builder.gep(sums.rows,
+                                            [builder.add(sums.r_off, ir.Constant(intp, r))]))
             # the column terms, less wzp * row sum where the row sum is not 0
             # (always 0 with symmetric weights: no multiplies then)
             terms = [cgutils.alloca_once_value(builder, cols[j][0]) for j in range(nvec)]
@@ -169,7 +257,7 @@ def _requant_epilogue(context: Any, builder: ir.IRBuilder, signature: Any, args:
                 for j in range(nvec):
                     builder.store(builder.sub(cols[j][0], builder.mul(cols[j][1], rvec)),
                                   terms[j])
-            row = builder.gep(out0, [builder.mul(ldo, ir.Constant(intp, r))])
+            row = builder.gep(out0, [builder.mul(dest.ldo, ir.Constant(intp, r))])
             for j in range(nvec):
                 _, _, bias, mult = cols[j]
                 acc = builder.add(builder.load(accs[r][j]), builder.load(terms[j]))
@@ -185,44 +273,37 @@ def _requant_epilogue(context: Any, builder: ir.IRBuilder, signature: Any, args:
                         masked_store(builder, q, ptr, lane_mask(builder, lanes[j]))
 
 
-def _c_ptrs(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+def _c_ptrs(builder: ir.IRBuilder, c: Tile) -> Any:
     """``c_ptr(r, j)``: the <16 x i32> slot of tile row r, column vector j in ``c``."""
-    c_arr = context.make_array(signature.args[7])(context, builder, args[7])
-    intp = args[8].type
-    c0 = builder.gep(c_arr.data, [args[8]])
+    intp = c.c_off.type
+    c0 = builder.gep(c.c, [c.c_off])
     return lambda r, j: _vec_ptr(builder, builder.gep(c0, [ir.Constant(intp, r * NR + 16 * j)]))
 
 
-def _tile_codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any,
-                  mr_rows: int, nvec: int) -> list[list[ir.Value]]:
+def _tile_codegen(builder: ir.IRBuilder, a: AOperand, b: BOperand, c: Tile, mr_rows: int,
+                  nvec: int) -> list[list[ir.Value]]:
     """The tile's K loop; returns its accumulators (allocas of <16 x i32>, [row][vector]),
     started from ``c`` when ``acc_in`` is non-zero, else from zero."""
-    kc4_v, acc_in_v = args[5], args[9]
-    intp = kc4_v.type
-    rows, b0 = _operands(context, builder, signature, args, 6, mr_rows)
+    intp = b.kc4.type
+    rows, b0 = _operands(builder, a, b, mr_rows)
     zero = ir.Constant(_V16, None)
-    keep = builder.icmp_signed("!=", acc_in_v, ir.Constant(intp, 0))
-    c_ptr = _c_ptrs(context, builder, signature, args)
+    keep = builder.icmp_signed("!=", c.acc_in, ir.Constant(intp, 0))
+    c_ptr = _c_ptrs(builder, c)
     accs = [
         [cgutils.alloca_once_value(
             builder, builder.select(keep, builder.load(c_ptr(r, j), align=4), zero))
          for j in range(nvec)]
         for r in range(mr_rows)
     ]
-    _k_loop(builder, rows, b0, kc4_v, accs, nvec)
+    _k_loop(builder, rows, b0, b.kc4, accs, nvec)
     return accs
 
 
-def _operands(context: Any, builder: ir.IRBuilder, signature: Any, args: Any, mr_at: int,
-              mr_rows: int) -> tuple[list[ir.Value], ir.Value]:
-    """The micro-kernels' operands from their first five arguments (a, a_off, lda, b,
-    b_off) and ``mr`` (argument ``mr_at``): A's row pointers (:func:`_row_ptrs`) and B's
-    start."""
-    a_arr = context.make_array(signature.args[0])(context, builder, args[0])
-    b_arr = context.make_array(signature.args[3])(context, builder, args[3])
-    rows = _row_ptrs(builder, builder.gep(a_arr.data, [args[1]]), args[2], args[mr_at],
-                     mr_rows)
-    return rows, builder.gep(b_arr.data, [args[4]])
+def _operands(builder: ir.IRBuilder, a: AOperand, b: BOperand, mr_rows: int
+              ) -> tuple[list[ir.Value], ir.Value]:
+    """A's row pointers (:func:`_row_ptrs`) and B's start."""
+    rows = _row_ptrs(builder, builder.gep(a.a, [a.a_off]), a.lda, a.mr, mr_rows)
+    return rows, builder.gep(b.b, [b.b_off])
 
 
 def _row_ptrs(builder: ir.IRBuilder, a0: ir.Value, lda: ir.Value, mr: ir.Value,
