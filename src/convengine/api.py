@@ -165,19 +165,8 @@ def conv_backward_data(
     algo: str = "auto",
 ) -> np.ndarray:
     """Gradient of :func:`conv` w.r.t. x: dy ``(N, O, *S_out)`` -> dx of ``input_shape``."""
-    if devices.wanted(algo, dy, w):
-        return _gpu_dispatch().conv_backward_data(
-            dy, w, input_shape, stride=stride, padding=padding, dilation=dilation,
-            groups=groups, layout=layout, algo=algo)
-    dy, w = as_array(dy, "dy"), as_array(w, "w")
-    problem, chosen, run = _resolve_call(
-        _call_key("backward_data", dy, w, input_shape, stride, padding, dilation, groups,
-                  layout, algo),
-        lambda: builders.backward_data_problem(dy, w, input_shape, stride=stride,
-                                               padding=padding, dilation=dilation,
-                                               groups=groups, layout=layout),
-        algo)
-    return _execute(problem, chosen, run, dy, w, dy.dtype)
+    return _gradient("backward_data", ("dy", "w"), dy, w, input_shape, stride, padding,
+                     dilation, groups, layout, algo)
 
 
 def conv_backward_weight(
@@ -193,19 +182,27 @@ def conv_backward_weight(
     algo: str = "auto",
 ) -> np.ndarray:
     """Gradient of :func:`conv` w.r.t. w: (x, dy) -> dw of ``weight_shape``."""
-    if devices.wanted(algo, x, dy):
-        return _gpu_dispatch().conv_backward_weight(
-            x, dy, weight_shape, stride=stride, padding=padding, dilation=dilation,
-            groups=groups, layout=layout, algo=algo)
-    x, dy = as_array(x, "x"), as_array(dy, "dy")
+    return _gradient("backward_weight", ("x", "dy"), x, dy, weight_shape, stride, padding,
+                     dilation, groups, layout, algo)
+
+
+def _gradient(pass_: str, names: tuple[str, str], a: Any, b: Any, shape: Sequence[int],
+              stride: Any, padding: Any, dilation: Any, groups: int, layout: str,
+              algo: str) -> np.ndarray:
+    """A gradient call, ``pass_`` "backward_data" (dy, w -> dx of ``shape``) or
+    "backward_weight" (x, dy -> dw of ``shape``); ``names``: the operands' names. The
+    result has the first operand's dtype."""
+    if devices.wanted(algo, a, b):
+        return getattr(_gpu_dispatch(), f"conv_{pass_}")(
+            a, b, shape, stride=stride, padding=padding, dilation=dilation, groups=groups,
+            layout=layout, algo=algo)
+    a, b = as_array(a, names[0]), as_array(b, names[1])
     problem, chosen, run = _resolve_call(
-        _call_key("backward_weight", x, dy, weight_shape, stride, padding, dilation, groups,
-                  layout, algo),
-        lambda: builders.backward_weight_problem(x, dy, weight_shape, stride=stride,
-                                                 padding=padding, dilation=dilation,
-                                                 groups=groups, layout=layout),
+        _call_key(pass_, a, b, shape, stride, padding, dilation, groups, layout, algo),
+        lambda: builders.BUILDERS[pass_](a, b, shape, stride=stride, padding=padding,
+                                         dilation=dilation, groups=groups, layout=layout),
         algo)
-    return _execute(problem, chosen, run, x, dy, x.dtype)
+    return _execute(problem, chosen, run, a, b, a.dtype)
 
 
 def conv_transpose(
