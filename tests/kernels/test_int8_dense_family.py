@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -187,7 +186,7 @@ def epilogue_params(o0: int, width: int, bias_kind: str, out_dtype: type, regime
         bias = (RNG.integers(-9, 10, n) if ties else RNG.uniform(-3000, 3000, n)).astype(np.float32)
     else:
         bias = (RNG.integers(-9, 10, n) if ties else RNG.integers(-60000, 60001, n)).astype(np.int32)
-    mult = RNG.choice([0.5, 0.25], n) if ties else RNG.uniform(1 / 900, 1 / 200, n)
+    mult = (RNG.choice([0.5, 0.25], n) if ties else RNG.uniform(1 / 900, 1 / 200, n))
     info = np.iinfo(out_dtype)
     lo, hi = int(info.min), int(info.max)
     zp = 5 if out_dtype == np.uint8 else -3
@@ -242,43 +241,6 @@ def requant_cases(rows: int, width: int) -> list[tuple[int, int, int, str, bool]
             (1, min(17, width - 7), 1, "ties", False), (rows, 1, 0, "ties", True)]
 
 
-# The micro-kernels' argument lists from the operands their docstrings name: A (a,
-# a_off, lda, mr), B (b, b_off, k_steps), the int32 tile, taps (tapoff, taps), the
-# 8-bit destination, row sums (rows, r_off) and the requantization's parameters.
-
-
-def vnni_args(a_op: tuple, b_op: tuple, tile: tuple, *store: tuple) -> tuple:
-    """``ukernel_*`` (tile (c, c_off, acc_in)) and ``ukernel_requant_*`` (``store``:
-    (out, out_off, ldo, ncol), (rows, r_off), :func:`vnni_requant`)."""
-    (a, a_off, lda, mr), (b, b_off, kc4) = a_op, b_op
-    return (a, a_off, lda, b, b_off, kc4, mr, *tile, *itertools.chain(*store))
-
-
-def vnni_taps_args(a_op: tuple, b_op: tuple, taps: tuple, *store: tuple) -> tuple:
-    """``ukernel_taps_*``: ``taps`` (tapoff, taps), ``store`` as :func:`vnni_args`."""
-    (a, a_off, lda, mr), (b, b_off, kc4), (tapoff, ntaps) = a_op, b_op, taps
-    return (a, a_off, lda, b, b_off, kc4, ntaps, tapoff, mr, *itertools.chain(*store))
-
-
-def vnni_requant(e: Epi) -> tuple:
-    """(col_term, wzp, bias, mult, o0, qmin, qmax, zp): the clamp less the zero point."""
-    return (e.col_term, e.wzp, e.bias, e.mult, e.o0, np.float32(e.lo - e.zp),
-            np.float32(e.hi - e.zp), e.zp)
-
-
-def avx2_args(a_op: tuple, b_op: tuple, *rest: tuple) -> tuple:
-    """``ukernel_6x16`` (``rest``: the tile (c, c_off, ldc)), ``ukernel_requant_6x16``
-    ((out, out_off, ldo), :func:`avx2_requant`) and ``ukernel_requant_u8s8_6x16`` (and
-    the start tile (start, start_off, start_ld))."""
-    (a, a_off, lda, mr), (b, b_off, k_steps) = a_op, b_op
-    return (a, a_off, lda, b, b_off, k_steps, mr, *itertools.chain(*rest))
-
-
-def avx2_requant(e: Epi) -> tuple:
-    """(bias, mult, o0, lo, hi, zp), the last three float64."""
-    return e.bias, e.mult, e.o0, float(e.lo), float(e.hi), float(e.zp)
-
-
 @needs_vnni
 @pytest.mark.parametrize("rows,width", VNNI_TILES)
 def test_vnni_store(rows: int, width: int) -> None:
@@ -290,7 +252,7 @@ def test_vnni_store(rows: int, width: int) -> None:
         a, b = operands("wide", a_off + rows * lda, b_off + kc4 * 256)
         c = RNG.integers(-2**31, 2**31, c_off + (rows + 1) * 64).astype(np.int32)
         before = c.copy()
-        run(*vnni_args((a, a_off, lda, mr), (b, b_off, kc4), (c, c_off, acc_in)))
+        run((a, a_off, lda, mr), (b, b_off, kc4), (c, c_off, acc_in))
         acc = rows_of(a, a_off + np.arange(mr) * lda, 4 * kc4) @ packed(b, b_off, kc4, 64, 4)
         start = before[c_off:c_off + rows * 64].reshape(rows, 64)[:mr] if acc_in else 0
         want = wrap32(acc + start)[:, :width]
@@ -317,8 +279,9 @@ def test_vnni_requant(rows: int, width: int, bias_kind: str, out_dtype: type) ->
         e = epilogue_params(5, width, bias_kind, out_dtype, regime, relu)
         out = np.full(out_off + rows * ldo, SENTINEL, out_dtype)
         before = out.copy()
-        run(*vnni_args((a, a_off, lda, mr), (b, b_off, kc4), (c, c_off, acc_in),
-                       (out, out_off, ldo, ncol), (rsum, r_off), vnni_requant(e)))
+        run((a, a_off, lda, mr), (b, b_off, kc4), (c, c_off, acc_in), (out, out_off, ldo, ncol),
+            (rsum, r_off), (e.col_term, e.wzp, e.bias, e.mult, e.o0, np.float32(e.lo - e.zp),
+                            np.float32(e.hi - e.zp), e.zp))
         acc = rows_of(a, a_off + np.arange(mr) * lda, 4 * kc4) @ packed(b, b_off, kc4, 64, 4)
         if acc_in:
             acc += c[c_off:c_off + rows * 64].reshape(rows, 64)[:mr]
@@ -343,8 +306,9 @@ def test_vnni_taps(rows: int, bias_kind: str, out_dtype: type) -> None:
         e = epilogue_params(3, 64, bias_kind, out_dtype, regime, relu)
         out = np.full(out_off + rows * ldo, SENTINEL, out_dtype)
         before = out.copy()
-        run(*vnni_taps_args((a, a_off, lda, mr), (b, b_off, kc4), (tapoff, 3),
-                            (out, out_off, ldo, ncol), (rsum, r_off), vnni_requant(e)))
+        run((a, a_off, lda, mr), (b, b_off, kc4), (tapoff, 3), (out, out_off, ldo, ncol),
+            (rsum, r_off), (e.col_term, e.wzp, e.bias, e.mult, e.o0, np.float32(e.lo - e.zp),
+                            np.float32(e.hi - e.zp), e.zp))
         acc = sum(rows_of(a, a_off + np.arange(mr) * lda + tapoff[t], 4 * kc4)
                   @ packed(b, b_off + t * kc4 * 256, kc4, 64, 4) for t in range(3))
         want = requantized(acc[:, :ncol], rsum[r_off:r_off + mr].astype(np.int64), e, out_dtype)
@@ -362,9 +326,14 @@ def test_avx2_store() -> None:
         a, b = operands("wide", a_off + 6 * lda, b_off + kc2 * 32, np.int16, np.int16)
         c = RNG.integers(-2**31, 2**31, c_off + 6 * ldc).astype(np.int32)
         before = c.copy()
-        run(*avx2_args((a, a_off, lda, mr), (b, b_off, kc2), (c, c_off, ldc)))
+        run((a, a_off, lda, mr), (b, b_off, kc2), (c, c_off, ldc))
         want = rows_of(a, a_off + np.arange(mr) * lda, 2 * kc2) @ packed(b, b_off, kc2, 16, 2)
         assert_only(c, before, block(c.size, c_off, ldc, mr, 16), want, f"6x16 mr={mr}")
+
+
+def avx2_requant_args(e: Epi) -> tuple:
+    """The requantization record of avx2.py's requantizing kernels."""
+    return e.bias, e.mult, e.o0, float(e.lo), float(e.hi), float(e.zp)
 
 
 @needs_avx2
@@ -381,7 +350,7 @@ def test_avx2_requant(bias_kind: str, out_dtype: type) -> None:
         e = e._replace(col_term=np.zeros_like(e.col_term), wzp=np.zeros_like(e.wzp))
         out = np.full(out_off + 6 * ldo, SENTINEL, out_dtype)
         before = out.copy()
-        run(*avx2_args((a, a_off, lda, mr), (b, b_off, kc2), (out, out_off, ldo), avx2_requant(e)))
+        run((a, a_off, lda, mr), (b, b_off, kc2), (out, out_off, ldo), avx2_requant_args(e))
         acc = rows_of(a, a_off + np.arange(mr) * lda, 2 * kc2) @ packed(b, b_off, kc2, 16, 2)
         want = requantized(acc, np.zeros(mr, np.int64), e, out_dtype)
         assert_only(out, before, block(out.size, out_off, ldo, mr, 16), want,
@@ -406,8 +375,8 @@ def test_avx2_requant_u8s8(bias_kind: str, out_dtype: type) -> None:
         e = e._replace(col_term=np.zeros_like(e.col_term), wzp=np.zeros_like(e.wzp))
         out = np.full(out_off + 6 * ldo, SENTINEL, out_dtype)
         before = out.copy()
-        run(*avx2_args((a, a_off, lda, mr), (b, b_off, kc4), (out, out_off, ldo), avx2_requant(e),
-                       (start, s_off, start_ld)))
+        run((a, a_off, lda, mr), (b, b_off, kc4), (out, out_off, ldo), avx2_requant_args(e),
+            (start, s_off, start_ld))
         x = rows_of(a, a_off + np.arange(mr) * lda, 4 * kc4).reshape(mr, 2 * kc4, 1, 2)
         w = packed(b, b_off, kc4, 16, 4).reshape(2 * kc4, 2, 16).transpose(0, 2, 1)
         pairs = np.clip((x * w).sum(axis=-1), -2**15, 2**15 - 1)  # (mr, pair, column)
