@@ -163,23 +163,7 @@ class _ConvFn(torch.autograd.Function):
                                           _view(w, layout, "weight"), None, layout=layout,
                                           **_geom(conf))
             conf = {**conf, "padding": _pairs(problem.padding)}
-        geom, algo = _geom(conf), conf["algo"]
-        dyv = _view(dy, layout, "grad_output")
-        dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            wv = _view(w, layout, "weight")
-            with transient(_changing(w, "backward")):
-                dx = _like(_back(api.conv_backward_data(
-                    dyv, wv, _view(x, layout, "input").shape, layout=layout, algo=algo, **geom
-                ), layout), x)
-        if ctx.needs_input_grad[1]:
-            xv = _view(x, layout, "input")
-            dw = _like(_back(api.conv_backward_weight(
-                xv, dyv, _view(w, layout, "weight").shape, layout=layout, algo=algo, **geom
-            ), layout), w)
-        if ctx.needs_input_grad[2]:
-            db = dy.sum(dim=(0, *range(2, dy.dim())))
-        return dx, dw, db, None
+        return (*_grads(ctx, dy, conf, transposed=False), None)
 
 
 class _ConvTransposeFn(torch.autograd.Function):
@@ -211,22 +195,36 @@ class _ConvTransposeFn(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
-        x, w = ctx.saved_tensors
-        conf, layout = ctx.conf, ctx.layout
-        geom, algo = _geom(conf), conf["algo"]
-        dyv = _view(dy, layout, "grad_output")
-        dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            wv = _view(w, layout, "weight")
-            dx = _like(_back(api.conv(dyv, wv, layout=layout, algo=algo, **geom), layout), x)
-        if ctx.needs_input_grad[1]:
-            xv = _view(x, layout, "input")
-            dw = _like(_back(api.conv_backward_weight(
-                dyv, xv, _view(w, layout, "weight").shape, layout=layout, algo=algo, **geom
-            ), layout), w)
-        if ctx.needs_input_grad[2]:
-            db = dy.sum(dim=(0, *range(2, dy.dim())))
-        return dx, dw, db, None, None
+        return (*_grads(ctx, dy, ctx.conf, transposed=True), None, None)
+
+
+def _grads(ctx: Any, dy: torch.Tensor, conf: dict[str, Any],
+           transposed: bool) -> tuple[Any, Any, Any]:
+    """(dx, dw, db) as ``ctx`` needs them (``conf`` with its padding numeric). A conv F:
+    dx the backward-data pass of (dy, w), dw the backward-weight pass of (x, dy). A
+    transposed conv is the backward-data pass of the conv F mapping y to x: dx = F(dy),
+    dw = F's backward-weight of (dy, x). db: the sum of dy over all but its channel dim."""
+    x, w = ctx.saved_tensors
+    layout = ctx.layout
+    args = {"layout": layout, "algo": conf["algo"], **_geom(conf)}
+    dyv = _view(dy, layout, "grad_output")
+    dx = dw = db = None
+    if ctx.needs_input_grad[0]:
+        wv = _view(w, layout, "weight")
+        if transposed:
+            dxv = api.conv(dyv, wv, **args)
+        else:
+            with transient(_changing(w, "backward")):
+                dxv = api.conv_backward_data(dyv, wv, _view(x, layout, "input").shape, **args)
+        dx = _like(_back(dxv, layout), x)
+    if ctx.needs_input_grad[1]:
+        xv = _view(x, layout, "input")
+        a, b = (dyv, xv) if transposed else (xv, dyv)
+        dw = _like(_back(api.conv_backward_weight(
+            a, b, _view(w, layout, "weight").shape, **args), layout), w)
+    if ctx.needs_input_grad[2]:
+        db = dy.sum(dim=(0, *range(2, dy.dim())))
+    return dx, dw, db
 
 
 def _geom(conf: dict[str, Any]) -> dict[str, Any]:
