@@ -40,6 +40,7 @@ from numba import njit, prange
 
 from ... import host_params
 from ..._kernel_cache import kernel
+from ...checked import CHECKED, fail, violations, within
 from .._copy import copy_bytes
 from .._ir import fma32
 from .amx import amx_32x32, amx_begin, amx_end
@@ -78,6 +79,88 @@ PANEL_BYTES = host_params.vnni_panel_bytes()
 # K chunk in groups of 4 bytes: a 64-column weight block of half of L1d stays in L1
 # (64 groups, 16 KiB of a 32 KiB L1d; see host_params.vnni_k_block)
 KC4_BLOCK = host_params.vnni_k_block()
+
+
+# Checked mode (:mod:`convengine.checked`): before each micro-kernel call (raw
+# pointers: numba's boundscheck does not see them) the drivers check the exact range
+# the call reads or writes in each buffer, in elements of that buffer; a call
+# reaching outside is skipped and the driver raises BoundsError afterwards. Site
+# numbers (``within``'s ``site``) index DENSE_BUFFERS. Off, every check sits under
+# ``if CHECKED`` (a constant False: compiled out) and ``bad`` is NO_CHECKS, never read.
+DENSE_BUFFERS = ("a", "wp", "tile", "out", "row sums", "col_term", "wzp", "bias", "mult",
+                 "tapoff", "gather dest", "x")
+NO_CHECKS = np.zeros(4, np.int64)
+
+
+@njit(inline="always")
+def _extent(out):
+    """Elements of the 2-D ``out`` a store may reach: ``(M - 1) * ldo + O`` (its rows
+    may be a view's, ``ldo`` apart); 0 if empty."""
+    if out.size == 0:
+        return 0
+    return ((out.shape[0] - 1) * out.strides[0] + (out.shape[1] - 1) * out.strides[1]) \
+        // out.itemsize + 1
+
+
+@njit(inline="always")
+def _copy_inside(bad, dst, dpos, src, spos, n):
+    """Whether :func:`copy_bytes` of ``n`` bytes stays inside ``dst`` and ``src``: it
+    touches ``[dpos, dpos + n)`` and ``[spos, spos + n)`` exactly (the tail by masked
+    moves); an empty copy touches nothing (its ``spos`` may then be anywhere)."""
+    return n <= 0 or (within(bad, 11, dst.size, dpos, dpos + n)
+                      and within(bad, 12, src.size, spos, spos + n))
+
+
+@njit(inline="always")
+def _vnni_inside(bad, a, a_off, lda, mr, kc4, b, b_off, nvec):
+    """A VNNI micro-kernel's A and B (vnni.py): A rows ``r < mr`` (rows past mr re-read
+    row mr - 1) of ``4 * kc4`` bytes, ``lda`` apart; B per K step ``k`` the first
+    ``nvec`` 64-byte vectors of its 256 at ``b_off + 256 k`` (a narrow kernel reads
+    16 * nvec of the 64 columns)."""
+    return (within(bad, 1, a.size, a_off, a_off + (mr - 1) * lda + 4 * kc4)
+            and within(bad, 2, b.size, b_off, b_off + (kc4 - 1) * 4 * NR + 64 * nvec))
+
+
+@njit(inline="always")
+def _tile_inside(bad, c, c_off, c_rows, nvec):
+    """A VNNI micro-kernel's int32 tile: all ``c_rows`` rows of the kernel (its stores,
+    and its loads under ``acc_in``, do not stop at mr), 16 * nvec lanes each, 64 apart."""
+    return within(bad, 3, c.size, c_off, c_off + (c_rows - 1) * NR + 16 * nvec)
+
+
+@njit(inline="always")
+def _requant_inside(bad, out_n, out_off, ldo, mr, ncol, nvec, rows, r_off, col_term, wzp,
+                    bias, mult, o0):
+    """The VNNI requantizing store (vnni._requant_epilogue): 8-bit rows ``r < mr`` of
+    ``min(ncol, 16 * nvec)`` bytes at ``out_off + r * ldo`` (whole vectors, then a
+    masked one) in ``out_n`` (:func:`_extent`), row sums ``r_off + r``, and the four
+    column vectors read whole, 16 * nvec lanes from ``o0``, whatever ``ncol``."""
+    width = 16 * nvec
+    return (within(bad, 4, out_n, out_off, out_off + (mr - 1) * ldo + min(ncol, width))
+            and within(bad, 5, rows.size, r_off, r_off + mr)
+            and within(bad, 6, col_term.size, o0, o0 + width)
+            and within(bad, 7, wzp.size, o0, o0 + width)
+            and within(bad, 8, bias.size, o0, o0 + width)
+            and within(bad, 9, mult.size, o0, o0 + width))
+
+
+@njit(inline="always")
+def _avx2_inside(bad, a, a_off, lda, mr, step, b, b_off, k_steps, b_step):
+    """An AVX2 micro-kernel's A and B (avx2.py): A rows ``r < mr`` (rows past mr re-read
+    row mr - 1) of ``step * k_steps`` elements, ``lda`` apart (``step`` 2: int16 pairs;
+    4: u8s8's byte quads); B ``b_step`` elements a K step (two 32-byte vectors: 32
+    int16, or 64 int8)."""
+    return (within(bad, 1, a.size, a_off, a_off + (mr - 1) * lda + step * k_steps)
+            and within(bad, 2, b.size, b_off, b_off + k_steps * b_step))
+
+
+@njit(inline="always")
+def _avx2_store_inside(bad, out_n, out_off, ldo, mr, bias, mult, o0):
+    """AVX2's requantizing store: 16 bytes a row ``r < mr`` at ``out_off + r * ldo`` in
+    ``out_n`` (:func:`_extent`); ``bias`` and ``mult``: two 8-lane vectors from ``o0``."""
+    return (within(bad, 4, out_n, out_off, out_off + (mr - 1) * ldo + AVX2_NR)
+            and within(bad, 8, bias.size, o0, o0 + AVX2_NR)
+            and within(bad, 9, mult.size, o0, o0 + AVX2_NR))
 
 
 @njit(inline="always")
@@ -166,14 +249,15 @@ def _gather_u8(x, m, g, cg, geo, padval, buf, pos):
 
 
 @njit(inline="always")
-def _gather_panel(x, m0, m1, g, cg, geo, padval, flip, need_sum, kc, lda, buf, rows):
+def _gather_panel(bad, x, m0, m1, g, cg, geo, padval, flip, need_sum, kc, lda, buf, rows):
     """Rows m0..m1 of group g's im2col matrix into ``buf`` (``lda`` bytes a row, zeros
     past ``kc``, XORed with ``flip``), their byte sums into ``rows`` if ``need_sum``.
 
     :func:`_gather_u8`'s bytes, by output rows: the input rows each kernel row reads
     are found once per output row, and where a pixel's window lies inside the input
     (ungrouped, width dilation 1) each kernel row's ``KW * C`` bytes move in one
-    :func:`copy_bytes`; otherwise each tap's ``cg`` bytes do."""
+    :func:`copy_bytes`; otherwise each tap's ``cg`` bytes do. Checked mode: a copy
+    outside ``buf`` or x is skipped and recorded in ``bad`` (:func:`_copy_inside`)."""
     xflat = x.reshape(-1)
     d_in, h_in, w_in, chans = x.shape[1], x.shape[2], x.shape[3], x.shape[4]
     kh_n, kw_n, sw, pw, dw, ow_n = geo[1], geo[2], geo[5], geo[8], geo[11], geo[14]
@@ -199,12 +283,19 @@ def _gather_panel(x, m0, m1, g, cg, geo, padval, flip, need_sum, kc, lda, buf, r
                     for k in range(run):
                         buf[np.uintp(at + k)] = padval
                 elif whole:
+                    if CHECKED and not _copy_inside(bad, buf, at, xflat, base[t] + ix0 * chans,
+                                                    run):
+                        continue
                     copy_bytes(buf, at, xflat, base[t] + ix0 * chans, run)
                 else:
                     for kw in range(kw_n):
                         ix = ix0 + kw * dw
                         if 0 <= ix < w_in:
-                            copy_bytes(buf, at, xflat, base[t] + ix * chans + g * cg, cg)
+                            if CHECKED and not _copy_inside(bad, buf, at, xflat,
+                                                            base[t] + ix * chans + g * cg, cg):
+                                pass  # skipped (recorded)
+                            else:
+                                copy_bytes(buf, at, xflat, base[t] + ix * chans + g * cg, cg)
                         else:
                             for k in range(cg):
                                 buf[np.uintp(at + k)] = padval
@@ -326,6 +417,10 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
     xflat = x.reshape(-1)
     need_sum = np.any(wzp != 0)
     npanel = (m_total + prows - 1) // prows
+    if CHECKED:
+        bad = violations()
+    else:
+        bad = NO_CHECKS
     for item in prange(npanel * parts):
         p, part = item % npanel, item // npanel
         buf = np.empty(1 if direct else prows * lda, np.uint8)
@@ -340,8 +435,8 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
                 for m in range(m0, m1):
                     rows[m - m0] = _flip_and_sum(xflat, m * kc, kc, 0, need_sum)
             else:
-                _gather_panel(x, m0, m1, g, cg, geo, xzp ^ flip, flip, need_sum, kc, lda, buf,
-                              rows)
+                _gather_panel(bad, x, m0, m1, g, cg, geo, xzp ^ flip, flip, need_sum, kc, lda,
+                              buf, rows)
             for b in range(part * nb // parts, (part + 1) * nb // parts):
                 ncol = min(NR, og - b * NR)
                 b_base = (g * nb + b) * kc4 * NR * 4
@@ -352,15 +447,16 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
                     b_off = b_base + k0 * NR * 4
                     if fuse and k0 + KC4_BLOCK >= kc4:  # the last chunk: requantize, store
                         if mode == 0:
-                            _tiles_requant(a, a0 + k0 * 4, lda, wp, b_off, kn, m0, m1, ncol,
-                                           ctile, keep, out, ldo, o0, rows, col_term, wzp,
-                                           bias_f, mult, qmin, qmax, zp)
+                            _tiles_requant(bad, a, a0 + k0 * 4, lda, wp, b_off, kn, m0, m1,
+                                           ncol, ctile, keep, out, ldo, o0, rows, col_term,
+                                           wzp, bias_f, mult, qmin, qmax, zp)
                         else:
-                            _tiles_requant(a, a0 + k0 * 4, lda, wp, b_off, kn, m0, m1, ncol,
-                                           ctile, keep, out, ldo, o0, rows, col_term, wzp,
-                                           bias_i, mult, qmin, qmax, zp)
+                            _tiles_requant(bad, a, a0 + k0 * 4, lda, wp, b_off, kn, m0, m1,
+                                           ncol, ctile, keep, out, ldo, o0, rows, col_term,
+                                           wzp, bias_i, mult, qmin, qmax, zp)
                     else:
-                        _tiles(a, a0 + k0 * 4, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep)
+                        _tiles(bad, a, a0 + k0 * 4, lda, wp, b_off, kn, m0, m1, ncol, ctile,
+                               keep)
                 if not fuse:
                     for rb in range(m0, m1, MR):
                         _store_tile(ctile[(rb - m0) * NR:], min(MR, m1 - rb), ncol, rb, o0,
@@ -370,25 +466,44 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
                 b0, b1 = part * nb // parts, (part + 1) * nb // parts
                 residual_rows(out, m0, m1, g * og + b0 * NR, g * og + min(og, b1 * NR), res,
                               res_kind, res_params)
+    if CHECKED and bad[0]:
+        fail("int8 VNNI dense kernel", DENSE_BUFFERS, bad)
 
 
 @njit(inline="always")
-def _tiles(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep):
+def _tiles(bad, a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep):
     """The panel's row blocks (rows m0..m1 at ``a[a0 + (m - m0) * lda]``) against one
     K chunk of one column block, int32 into ``ctile``: the micro-kernel that fits
     ``ncol``. (The micro-kernels' records are built where they are called: tuples
-    holding arrays live across no loop, so their reference counts cancel.)"""
+    holding arrays live across no loop, so their reference counts cancel.) Checked
+    mode: calls outside their buffers are skipped and recorded in ``bad``."""
     if ncol <= 16:
         for rb in range(m0, m1, 12):
+            if CHECKED and not (
+                    _vnni_inside(bad, a, a0 + (rb - m0) * lda, lda, min(12, m1 - rb), kn, wp,
+                                 b_off, 1)
+                    and _tile_inside(bad, ctile, (rb - m0) * NR, 12, 1)):
+                continue
             ukernel_12x16((a, a0 + (rb - m0) * lda, lda, min(12, m1 - rb)), (wp, b_off, kn),
                           (ctile, (rb - m0) * NR, keep))
     elif ncol <= 32:
         for rb in range(m0, m1, 8):
+            if CHECKED and not (
+                    _vnni_inside(bad, a, a0 + (rb - m0) * lda, lda, min(8, m1 - rb), kn, wp,
+                                 b_off, 2)
+                    and _tile_inside(bad, ctile, (rb - m0) * NR, 8, 2)):
+                continue
             ukernel_8x32((a, a0 + (rb - m0) * lda, lda, min(8, m1 - rb)), (wp, b_off, kn),
                          (ctile, (rb - m0) * NR, keep))
     else:
         for rb in range(m0, m1, MR):
             mr = min(MR, m1 - rb)
+            # the kernel's rows: 2, 4 or 6 (see below), each a row of the tile
+            if CHECKED and not (
+                    _vnni_inside(bad, a, a0 + (rb - m0) * lda, lda, mr, kn, wp, b_off, 4)
+                    and _tile_inside(bad, ctile, (rb - m0) * NR, 2 if mr <= 2 else
+                                     4 if mr <= 4 else MR, 4)):
+                continue
             a_rows, weights = (a, a0 + (rb - m0) * lda, lda, mr), (wp, b_off, kn)
             tile = (ctile, (rb - m0) * NR, keep)
             if mr <= 2:  # a short last block: a shorter kernel, not 6 rows' work
@@ -400,12 +515,20 @@ def _tiles(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep):
 
 
 @njit(inline="always")
-def _tiles_requant(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep, out, ldo, o0, rows,
-                   col_term, wzp, bias_f, mult, qmin, qmax, zp):
+def _tiles_requant(bad, a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep, out, ldo, o0,
+                   rows, col_term, wzp, bias_f, mult, qmin, qmax, zp):
     """:func:`_tiles` for the last K chunk, requantized into ``out`` (row stride ``ldo``
     bytes, columns from ``o0``) by the micro-kernels' own epilogue."""
     if ncol <= 16:
         for rb in range(m0, m1, 12):
+            if CHECKED and not (
+                    _vnni_inside(bad, a, a0 + (rb - m0) * lda, lda, min(12, m1 - rb), kn, wp,
+                                 b_off, 1)
+                    and _tile_inside(bad, ctile, (rb - m0) * NR, 12, 1)
+                    and _requant_inside(bad, _extent(out), rb * ldo + o0, ldo,
+                                        min(12, m1 - rb), ncol, 1, rows, rb - m0, col_term,
+                                        wzp, bias_f, mult, o0)):
+                continue
             a_rows, weights = (a, a0 + (rb - m0) * lda, lda, min(12, m1 - rb)), (wp, b_off, kn)
             tile, sums = (ctile, (rb - m0) * NR, keep), (rows, rb - m0)
             dest = (out, rb * ldo + o0, ldo, ncol)
@@ -413,6 +536,14 @@ def _tiles_requant(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep, out, ld
             ukernel_requant_12x16(a_rows, weights, tile, dest, sums, rq)
     elif ncol <= 32:
         for rb in range(m0, m1, 8):
+            if CHECKED and not (
+                    _vnni_inside(bad, a, a0 + (rb - m0) * lda, lda, min(8, m1 - rb), kn, wp,
+                                 b_off, 2)
+                    and _tile_inside(bad, ctile, (rb - m0) * NR, 8, 2)
+                    and _requant_inside(bad, _extent(out), rb * ldo + o0, ldo,
+                                        min(8, m1 - rb), ncol, 2, rows, rb - m0, col_term,
+                                        wzp, bias_f, mult, o0)):
+                continue
             a_rows, weights = (a, a0 + (rb - m0) * lda, lda, min(8, m1 - rb)), (wp, b_off, kn)
             tile, sums = (ctile, (rb - m0) * NR, keep), (rows, rb - m0)
             dest = (out, rb * ldo + o0, ldo, ncol)
@@ -421,6 +552,13 @@ def _tiles_requant(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep, out, ld
     else:
         for rb in range(m0, m1, MR):
             mr = min(MR, m1 - rb)
+            if CHECKED and not (
+                    _vnni_inside(bad, a, a0 + (rb - m0) * lda, lda, mr, kn, wp, b_off, 4)
+                    and _tile_inside(bad, ctile, (rb - m0) * NR, 2 if mr <= 2 else
+                                     4 if mr <= 4 else MR, 4)
+                    and _requant_inside(bad, _extent(out), rb * ldo + o0, ldo, mr, ncol, 4,
+                                        rows, rb - m0, col_term, wzp, bias_f, mult, o0)):
+                continue
             a_rows, weights = (a, a0 + (rb - m0) * lda, lda, mr), (wp, b_off, kn)
             tile, sums = (ctile, (rb - m0) * NR, keep), (rows, rb - m0)
             dest = (out, rb * ldo + o0, ldo, ncol)
@@ -431,6 +569,25 @@ def _tiles_requant(a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep, out, ld
                 ukernel_requant_4x64(a_rows, weights, tile, dest, sums, rq)
             else:
                 ukernel_requant_6x64(a_rows, weights, tile, dest, sums, rq)
+
+
+@njit(inline="always")
+def _taps_inside(bad, a, a_off, lda, mr, kc4, tapoff, taps, b, b_off, out_n, out_off, ldo,
+                 ncol, rows, col_term, bias, mult, o0):
+    """A taps micro-kernel (vnni._make_ukernel_taps): rows ``r < mr`` (rows past mr
+    re-read row mr - 1) of ``4 * kc4`` bytes at each of ``tapoff[:taps]`` past
+    ``a_off + r * lda``; B ``taps * kc4`` K steps of 256 bytes (all 64 columns), tap
+    after tap; then the requantizing store of :func:`_requant_inside` (``col_term``
+    also as ``wzp``, ``rows`` the zero row sums from 0)."""
+    if not within(bad, 10, tapoff.size, 0, taps):
+        return False
+    lo_t, hi_t = tapoff[0], tapoff[0]
+    for t in range(1, taps):
+        lo_t, hi_t = min(lo_t, tapoff[t]), max(hi_t, tapoff[t])
+    return (within(bad, 1, a.size, a_off + lo_t, a_off + (mr - 1) * lda + hi_t + 4 * kc4)
+            and within(bad, 2, b.size, b_off, b_off + taps * kc4 * 4 * NR)
+            and _requant_inside(bad, out_n, out_off, ldo, mr, ncol, 4, rows, 0, col_term,
+                                col_term, bias, mult, o0))
 
 
 @kernel(parallel=True)
@@ -456,6 +613,10 @@ def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias, zp, lo
     cp = kc4 * 4 // taps
     xflat = x.reshape(-1)
     xp = np.empty(n_img * hp * wpd * cp, np.uint8)
+    if CHECKED:
+        bad = violations()
+    else:
+        bad = NO_CHECKS
     for r in prange(n_img * hp):
         n, iy = r // hp, r % hp - ph
         base = r * wpd * cp
@@ -466,9 +627,16 @@ def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias, zp, lo
             xp[np.uintp(base + k)] = xzp
         src = ((n * h_in + iy) * w_in + lo_x - pw) * chans
         if cp == chans:
-            copy_bytes(xp, base + lo_x * cp, xflat, src, (hi_x - lo_x) * cp)
+            if CHECKED and not _copy_inside(bad, xp, base + lo_x * cp, xflat, src,
+                                            (hi_x - lo_x) * cp):
+                pass  # skipped (recorded)
+            else:
+                copy_bytes(xp, base + lo_x * cp, xflat, src, (hi_x - lo_x) * cp)
         else:
             for ix in range(lo_x, hi_x):
+                if CHECKED and not _copy_inside(bad, xp, base + ix * cp, xflat,
+                                                src + (ix - lo_x) * chans, chans):
+                    continue
                 copy_bytes(xp, base + ix * cp, xflat, src + (ix - lo_x) * chans, chans)
                 for k in range(chans, cp):  # (against zero weights)
                     xp[np.uintp(base + ix * cp + k)] = xzp
@@ -493,6 +661,11 @@ def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias, zp, lo
             o0 = b * NR
             for ow0 in range(0, ow_n, MR):
                 mr = min(MR, ow_n - ow0)
+                if CHECKED and not _taps_inside(bad, xp, a_row + ow0 * sw * cp, sw * cp, mr,
+                                                c4n, tapoff, taps, wp, b_off, _extent(out),
+                                                (orow * ow_n + ow0) * ldo + o0, ldo, ncol,
+                                                zeros, col_term, bias, mult, o0):
+                    continue
                 a_rows, weights = (xp, a_row + ow0 * sw * cp, sw * cp, mr), (wp, b_off, c4n)
                 dest = (out, (orow * ow_n + ow0) * ldo + o0, ldo, ncol)
                 sums, rq = (zeros, 0), (col_term, col_term, bias, mult, o0, qmin, qmax, zp)
@@ -506,6 +679,20 @@ def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias, zp, lo
             b0, b1 = part * nb // parts, (part + 1) * nb // parts
             residual_rows(out, orow * ow_n, (orow + 1) * ow_n, b0 * NR, min(og, b1 * NR), res,
                           res_kind, res_params)
+    if CHECKED and bad[0]:
+        fail("int8 VNNI implicit-GEMM kernel", DENSE_BUFFERS, bad)
+
+
+@njit(inline="always")
+def _amx_inside(bad, a, a_off, lda, b, b_off, ksteps, c, c_off):
+    """:func:`~.amx.amx_32x32`'s tiles: A 32 rows (all: rows past a panel's end are
+    read too) of ``64 * ksteps`` bytes, ``lda`` apart; B per K step ``k`` two tiles of
+    16 rows of 64 bytes, 256 apart, at ``b_off + 4096 k`` and 64 bytes further (the
+    last byte read: ``4096 (ksteps - 1) + 64 + 15 * 256 + 63``); the int32 block: 32
+    rows of 32 lanes, 64 apart."""
+    return (within(bad, 1, a.size, a_off, a_off + 31 * lda + 64 * ksteps)
+            and within(bad, 2, b.size, b_off, b_off + (ksteps - 1) * 4096 + 15 * 256 + 128)
+            and within(bad, 3, c.size, c_off, c_off + 31 * NR + 32))
 
 
 @kernel(parallel=True)
@@ -526,6 +713,10 @@ def conv_amx(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, 
     need_sum = np.any(wzp != 0)
     npanel = (m_total + prows - 1) // prows
     full_end = m_total - m_total % 32  # row blocks from here on are partial
+    if CHECKED:
+        bad = violations()
+    else:
+        bad = NO_CHECKS
     for p in prange(npanel):
         amx_begin(cfg)
         buf = np.empty(32 * lda if direct else prows * lda, np.uint8)
@@ -541,13 +732,19 @@ def conv_amx(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, 
                     buf[:] = 0
                     buf[:(m1 - full_end) * kc] = xflat[full_end * kc:m1 * kc]
             else:
-                _gather_panel(x, m0, m1, g, cg, geo, xzp ^ flip, flip, need_sum, kc, lda, buf,
-                              rows)
+                _gather_panel(bad, x, m0, m1, g, cg, geo, xzp ^ flip, flip, need_sum, kc, lda,
+                              buf, rows)
             for b in range(nb):
                 ncol = min(NR, og - b * NR)
                 b_base = (g * nb + b) * kc4 * NR * 4
                 for half in range(2 if ncol > 32 else 1):
                     for rb in range(m0, m1, 32):
+                        if CHECKED and not _amx_inside(
+                                bad, xflat if direct and rb < full_end else buf,
+                                (rb - m0) * lda if not direct else rb * kc if rb < full_end
+                                else 0, kc if direct else lda, wp, b_base + half * 128,
+                                kc4 // 16, ctile, (rb - m0) * NR + half * 32):
+                            continue
                         if not direct:
                             amx_32x32(buf, (rb - m0) * lda, lda, wp, b_base + half * 128,
                                       kc4 // 16, ctile, (rb - m0) * NR + half * 32)
@@ -562,6 +759,8 @@ def conv_amx(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, 
                                 g * og + b * NR, rows, rb - m0, wzp, col_term, mode, mult,
                                 bias_f, bias_i, zp, lo, hi, out)
         amx_end()
+    if CHECKED and bad[0]:
+        fail("int8 AMX dense kernel", DENSE_BUFFERS, bad)
 
 
 @kernel(parallel=True)
@@ -586,6 +785,10 @@ def conv_avx2(x, flip, xzp, wp, geo, groups, kc, kc2, nb, prows, direct, zeros, 
     vector_store = mode != 2 and out.itemsize == 1 and out.strides[1] == 1
     ldo = out.strides[0]
     flo, fhi, fzp = np.float64(lo), np.float64(hi), np.float64(zp)
+    if CHECKED:
+        bad = violations()
+    else:
+        bad = NO_CHECKS
     for t in prange(npanel * groups):
         p, g = t // groups, t % groups
         buf = np.empty(1 if direct else prows * kc, np.uint8)
@@ -595,7 +798,8 @@ def conv_avx2(x, flip, xzp, wp, geo, groups, kc, kc2, nb, prows, direct, zeros, 
         m0 = p * prows
         rows = min(prows, m_total - m0)
         if not direct:  # the panel's raw bytes, flipped and widened below
-            _gather_panel(x, m0, m0 + rows, g, cg, geo, xzp ^ flip, 0, False, kc, kc, buf, sums)
+            _gather_panel(bad, x, m0, m0 + rows, g, cg, geo, xzp ^ flip, 0, False, kc, kc, buf,
+                          sums)
         for r in range(rows):
             at = r * lda
             src = (m0 + r) * kc if direct else r * kc
@@ -609,22 +813,43 @@ def conv_avx2(x, flip, xzp, wp, geo, groups, kc, kc2, nb, prows, direct, zeros, 
             if vector_store and ncol == AVX2_NR:  # one loop per mode: see _panel_u8s8
                 if mode == 0:
                     for r0 in range(0, rows, AVX2_MR):
+                        if CHECKED and not (
+                                _avx2_inside(bad, a, r0 * lda, lda, min(AVX2_MR, rows - r0), 2,
+                                             wp, b_off, kc2, 2 * AVX2_NR)
+                                and _avx2_store_inside(bad, _extent(out), (m0 + r0) * ldo + o0,
+                                                       ldo, min(AVX2_MR, rows - r0), bias_f,
+                                                       mult, o0)):
+                            continue
                         ukernel_requant_6x16((a, r0 * lda, lda, min(AVX2_MR, rows - r0)),
                                              (wp, b_off, kc2), (out, (m0 + r0) * ldo + o0, ldo),
                                              (bias_f, mult, o0, flo, fhi, fzp))
                 else:
                     for r0 in range(0, rows, AVX2_MR):
+                        if CHECKED and not (
+                                _avx2_inside(bad, a, r0 * lda, lda, min(AVX2_MR, rows - r0), 2,
+                                             wp, b_off, kc2, 2 * AVX2_NR)
+                                and _avx2_store_inside(bad, _extent(out), (m0 + r0) * ldo + o0,
+                                                       ldo, min(AVX2_MR, rows - r0), bias_i,
+                                                       mult, o0)):
+                            continue
                         ukernel_requant_6x16((a, r0 * lda, lda, min(AVX2_MR, rows - r0)),
                                              (wp, b_off, kc2), (out, (m0 + r0) * ldo + o0, ldo),
                                              (bias_i, mult, o0, flo, fhi, fzp))
                 continue
             for r0 in range(0, rows, AVX2_MR):
                 mr = min(AVX2_MR, rows - r0)
+                # the tile: rows r < mr stored, 16 int32 each, NR (64) apart
+                if CHECKED and not (
+                        _avx2_inside(bad, a, r0 * lda, lda, mr, 2, wp, b_off, kc2, 2 * AVX2_NR)
+                        and within(bad, 3, tile.size, 0, (mr - 1) * NR + AVX2_NR)):
+                    continue
                 ukernel_6x16((a, r0 * lda, lda, mr), (wp, b_off, kc2), (tile, 0, NR))
                 _store_tile(tile, mr, ncol, m0 + r0, o0, zeros, 0, zeros, zeros, mode, mult,
                             bias_f, bias_i, zp, lo, hi, out)
         if res_kind != 0:
             residual_rows(out, m0, m0 + rows, g * og, (g + 1) * og, res, res_kind, res_params)
+    if CHECKED and bad[0]:
+        fail("int8 AVX2 dense kernel", DENSE_BUFFERS, bad)
 
 
 _LOW_BYTES = np.uint64(0x00FF00FF00FF00FF)
@@ -698,29 +923,36 @@ def conv_avx2_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, 
     of ``prows`` rows a work item (:func:`_panel_u8s8`), ending with the residual add
     ``res_kind`` (:func:`residual_rows`) over its rows."""
     npanel = (out.shape[0] + prows - 1) // prows
+    if CHECKED:
+        bad = violations()
+    else:
+        bad = NO_CHECKS
     for p in prange(npanel):
         m0 = p * prows
         if mode == 0:
-            _panel_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb, m0,
-                        prows, in_place, mult, bias_f, zp, lo, hi, out)
+            _panel_u8s8(bad, x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb,
+                        m0, prows, in_place, mult, bias_f, zp, lo, hi, out)
         else:
-            _panel_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb, m0,
-                        prows, in_place, mult, bias_i, zp, lo, hi, out)
+            _panel_u8s8(bad, x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb,
+                        m0, prows, in_place, mult, bias_i, zp, lo, hi, out)
         if res_kind != 0:
             residual_rows(out, m0, min(m0 + prows, out.shape[0]), 0, out.shape[1], res,
                           res_kind, res_params)
+    if CHECKED and bad[0]:
+        fail("int8 AVX2 u8s8 dense kernel", DENSE_BUFFERS, bad)
 
 
 @kernel()
-def _panel_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb, m0, prows,
-                in_place, mult, bias, zp, lo, hi, out):
+def _panel_u8s8(bad, x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb, m0,
+                prows, in_place, mult, bias, zp, lo, hi, out):
     """Rows ``m0:m0 + prows`` of :func:`conv_avx2_u8s8`, requantized as mode 0 (float32
     ``bias``) or 1 (int32). A function of its own, called from the parallel loop: its
     buffers are its own, and its code does not depend on how numba transforms that loop
     (inlined there, a kernel of this shape ran at half speed on two threads after some
     compilation orders); one compilation per mode, so that no branch on the mode picks
     between two micro-kernel calls whose records hold different arrays (their reference
-    counts would then not cancel)."""
+    counts would then not cancel). Checked mode: calls outside their buffers are
+    skipped and recorded in ``bad``."""
     rows = min(prows, out.shape[0] - m0)
     lda = kc4 * 4
     ldo = out.strides[0]
@@ -730,7 +962,12 @@ def _panel_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb,
     else:
         a, a0 = np.empty(rows * lda, np.uint8), 0
         sums = np.empty(rows, np.int32)  # (row sums: not needed)
-        _gather_panel(x, m0, m0 + rows, 0, x.shape[4], geo, xzp, 0, False, kc, lda, a, sums)
+        _gather_panel(bad, x, m0, m0 + rows, 0, x.shape[4], geo, xzp, 0, False, kc, lda, a,
+                      sums)
+    # the search for saturating pairs reads the panel's rows whole, 32 bytes at a
+    # time (any_heavy_pair, heavy_pair_mask): [a0, a0 + rows * lda) at most
+    if CHECKED and not within(bad, 1, a.size, a0, a0 + rows * lda):
+        return
     first, fix_o, fix_d = _saturated_pairs(a, a0, lda, kc, rows, fix_ptr, fix_col, fix_w)
     start = np.empty(AVX2_MR * AVX2_NR, np.int32)
     for b in range(nb):
@@ -742,6 +979,16 @@ def _panel_u8s8(x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4, nb,
                                                                first, fix_o, fix_d)
             # the tile starts at ``start``, else every row at col_term (one tuple a path)
             init = (start, 0, AVX2_NR) if fixed else (col_term, o0, 0)
+            # the start tile is read for all 6 rows: 16 lanes each, 16 apart in
+            # ``start``, one row for all (ldc 0) in col_term
+            if CHECKED and not (
+                    _avx2_inside(bad, a, a0 + r0 * lda, lda, mr, 4, wp, b_off, kc4,
+                                 4 * AVX2_NR)
+                    and _avx2_store_inside(bad, _extent(out), (m0 + r0) * ldo + o0, ldo, mr,
+                                           bias, mult, o0)
+                    and (within(bad, 3, start.size, 0, AVX2_MR * AVX2_NR) if fixed
+                         else within(bad, 6, col_term.size, o0, o0 + AVX2_NR))):
+                continue
             ukernel_requant_u8s8_6x16((a, a0 + r0 * lda, lda, mr), (wp, b_off, kc4),
                                       (out, (m0 + r0) * ldo + o0, ldo),
                                       (bias, mult, o0, flo, fhi, fzp), init)

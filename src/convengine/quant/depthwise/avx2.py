@@ -31,10 +31,12 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..._kernel_cache import kernel
+from ...checked import CHECKED, fail, violations, within
 from ...epilogue_codes import Epilogue
 from .._ir import requant
 from ..cpu import HAS_AVX2
 from ..dense.avx2 import store_bytes
+from ..dense.kernels import NO_CHECKS, _extent
 from .kernels import _row_source
 
 MAX_TAPS = (1 << 24) // (2 * 255 * 255)  # 129: the float32 sums' exactness bound
@@ -51,6 +53,9 @@ _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, LANES)
 _VI = ir.VectorType(ir.IntType(32), LANES)
 _VB = ir.VectorType(ir.IntType(8), LANES)
+# Checked mode (convengine.checked): the register blocks' buffers by site number
+# (``bad`` is NO_CHECKS when off)
+BUFFERS = ("src", "zero", "wf", "wterm", "bias", "mult", "out")
 
 
 def _block(width: int, nvec: int, stride: int = 0) -> Any:
@@ -174,13 +179,44 @@ _block4_16_s2, _block4_8_s2 = _block(4, 2, 2), _block(4, 1, 2)
 
 
 @njit(inline="always")
-def _pixels(out, oo, ldo, src, zero, offsets, col, pix, tap, kw, wf, chans, wterm, bias,
+def _block_inside(bad, out, oo, ldo, src, zero, offsets, col, pix, tap, kw, wf, c_n, c0,
+                  wterm, bias, mult, width, nvec):
+    """Whether a :func:`_block` call stays inside its buffers: each tap row ``r`` reads
+    ``8 * nvec`` bytes at ``col + b * pix + j * tap`` (``b < width``, ``j < kw``; the
+    shared-column forms read the same columns, ``pix == stride * tap``) past
+    ``offsets[r]`` in ``src``, or past 0 in ``zero`` where ``offsets[r] < 0``; ``wf``
+    ``8 * nvec`` lanes from ``t * c_n + c0`` for every tap ``t``; ``wterm``, ``bias``,
+    ``mult`` ``8 * nvec`` lanes from ``c0``; ``out`` ``8 * nvec`` bytes at ``oo + b * ldo``
+    (:func:`~convengine.quant.dense.kernels._extent`: its rows may be a view's)."""
+    lanes = LANES * nvec
+    span = (width - 1) * pix + (kw - 1) * tap + lanes
+    for r in range(offsets.size):
+        if offsets[r] >= 0:
+            if not within(bad, 1, src.size, offsets[r] + col, offsets[r] + col + span):
+                return False
+        elif not within(bad, 2, zero.size, col, col + span):
+            return False
+    return (within(bad, 3, wf.size, c0, (offsets.size * kw - 1) * c_n + c0 + lanes)
+            and within(bad, 4, wterm.size, c0, c0 + lanes)
+            and within(bad, 5, bias.size, c0, c0 + lanes)
+            and within(bad, 6, mult.size, c0, c0 + lanes)
+            and within(bad, 7, _extent(out), oo, oo + (width - 1) * ldo + lanes))
+
+
+@njit(inline="always")
+def _pixels(bad, out, oo, ldo, src, zero, offsets, col, pix, tap, kw, wf, chans, wterm, bias,
             mult, lo, hi, zp, width, shared):
     """``width`` (1 or 4) adjacent pixels of one output row over all channels;
     ``shared`` 1 or 2: 3-wide kernel rows at that stride, column dilation 1 (the
-    blocks of 4 then widen each input column once), else 0."""
+    blocks of 4 then widen each input column once), else 0. Checked mode: blocks
+    outside their buffers are skipped and recorded in ``bad``."""
     for c0 in range(0, chans, 2 * LANES):
         at, start = oo + c0, col + c0
+        # 16 channels a block, 8 for a last odd vector
+        if CHECKED and not _block_inside(bad, out, at, ldo, src, zero, offsets, start, pix,
+                                         tap, kw, wf, chans, c0, wterm, bias, mult, width,
+                                         2 if chans - c0 >= 2 * LANES else 1):
+            continue
         if width == BLOCK and shared == 1:
             if chans - c0 >= 2 * LANES:
                 _block4_16_s1(out, at, ldo, src, zero, offsets, start, pix, tap, kw, wf,
@@ -223,7 +259,7 @@ def zero_point_term(wf: np.ndarray, xzp: int) -> np.ndarray:
 
 
 @njit(inline="always")
-def _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, zero_row,
+def _rows(bad, x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, zero_row,
           first, last):
     """Output rows ``first:last`` (over n, od, oh) of :func:`conv_depthwise_avx2`."""
     w_in, chans = x.shape[3], x.shape[4]
@@ -253,11 +289,11 @@ def _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, z
             width = BLOCK if hi_ow - ow >= BLOCK else 1
             col = (ow * sw - pw) * chans
             if mode == 0:
-                _pixels(out, (m0 + ow) * ldo, ldo, xflat, zero_row, offsets, col, sw * chans,
+                _pixels(bad, out, (m0 + ow) * ldo, ldo, xflat, zero_row, offsets, col, sw * chans,
                         dw * chans, kw_n, wflat, chans, wterm, bias_f, mult, flo, fhi, fzp,
                         width, shared)
             else:
-                _pixels(out, (m0 + ow) * ldo, ldo, xflat, zero_row, offsets, col, sw * chans,
+                _pixels(bad, out, (m0 + ow) * ldo, ldo, xflat, zero_row, offsets, col, sw * chans,
                         dw * chans, kw_n, wflat, chans, wterm, bias_i, mult, flo, fhi, fzp,
                         width, shared)
             ow += width
@@ -274,10 +310,10 @@ def _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, z
                     else:
                         window[at:at + chans] = xzp
             if mode == 0:
-                _pixels(out, (m0 + ow) * ldo, ldo, window, window, win_rows, 0, 0, chans,
+                _pixels(bad, out, (m0 + ow) * ldo, ldo, window, window, win_rows, 0, 0, chans,
                         kw_n, wflat, chans, wterm, bias_f, mult, flo, fhi, fzp, 1, 0)
             else:
-                _pixels(out, (m0 + ow) * ldo, ldo, window, window, win_rows, 0, 0, chans,
+                _pixels(bad, out, (m0 + ow) * ldo, ldo, window, window, win_rows, 0, 0, chans,
                         kw_n, wflat, chans, wterm, bias_i, mult, flo, fhi, fzp, 1, 0)
 
 
@@ -292,9 +328,15 @@ def conv_depthwise_avx2(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, 
     with ``xzp``."""
     zero_row = np.full(x.shape[3] * x.shape[4], np.uint8(xzp))  # read for rows outside x
     total = out.shape[0] // geo[14]
+    if CHECKED:
+        bad = violations()
+    else:
+        bad = NO_CHECKS
     for part in prange(parts):
-        _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, zero_row,
-              part * total // parts, (part + 1) * total // parts)
+        _rows(bad, x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out,
+              zero_row, part * total // parts, (part + 1) * total // parts)
+    if CHECKED and bad[0]:
+        fail("int8 AVX2 depthwise kernel", BUFFERS, bad)
 
 
 @kernel()
@@ -304,5 +346,11 @@ def conv_depthwise_avx2_serial(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_
     layers). In a parallel function the same rows outside its ``prange`` ran 5-10x
     slower."""
     zero_row = np.full(x.shape[3] * x.shape[4], np.uint8(xzp))
-    _rows(x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, zero_row, 0,
-          out.shape[0] // geo[14])
+    if CHECKED:
+        bad = violations()
+    else:
+        bad = NO_CHECKS
+    _rows(bad, x, xzp, wf, wterm, geo, mode, mult, bias_f, bias_i, zp, lo, hi, out, zero_row,
+          0, out.shape[0] // geo[14])
+    if CHECKED and bad[0]:
+        fail("int8 AVX2 depthwise kernel", BUFFERS, bad)

@@ -41,6 +41,7 @@ from numba.extending import intrinsic
 from ..._host import FEATURES
 from ..._kernel_cache import kernel
 from ...algorithms.fma import splat
+from ...checked import CHECKED, fail, violations, within
 from ...epilogue_codes import Epilogue
 from .._ir import (
     LANES,
@@ -53,7 +54,7 @@ from .._ir import (
     masked_store,
     requant,
 )
-from ..dense.kernels import epilogue
+from ..dense.kernels import NO_CHECKS, epilogue
 
 MAX_TAPS = (1 << 24) // (255 * 255)  # the float kernel's exactness bound
 # Below this many multiply-adds the VNNI kernel runs on the calling thread, where
@@ -65,6 +66,48 @@ MAX_TAPS = (1 << 24) // (255 * 255)  # the float kernel's exactness bound
 SERIAL_MAX_MACS = 500_000
 HAS_VBMI = bool(FEATURES.get("avx512vbmi"))  # vpermt2b: 64-byte two-source permutes
 _I8, _I32 = ir.IntType(8), ir.IntType(32)
+# Checked mode (convengine.checked): the buffers of the VNNI kernels' raw-pointer calls
+# (interleave_rows, dw_row_*), by site number; ``bad`` is NO_CHECKS when off
+DW_BUFFERS = ("x", "buf", "wq", "wterm", "wzp", "bias", "mult", "out", "scratch")
+
+
+@njit(inline="always")
+def _interleave_inside(bad, x, offs, three, chans, ncols, buf, boff):
+    """Whether :func:`interleave_rows` stays inside x and ``buf``: it reads
+    ``ncols * chans`` bytes from each ``offs[r]`` of the rows it loads (3 when the
+    fourth row is absent, else 4: rows outside the input are read too, then replaced)
+    and writes ``ncols`` buffer columns of ``4 * C16`` bytes from ``boff`` (whole
+    16-channel blocks: the padding channels too)."""
+    run = ncols * chans
+    if run <= 0:
+        return True
+    for r in range(3 if three else 4):
+        if not within(bad, 1, x.size, offs[r], offs[r] + run):
+            return False
+    return within(bad, 2, buf.size, boff, boff + ncols * 4 * ((chans + LANES - 1) // LANES
+                                                             * LANES))
+
+
+@njit(inline="always")
+def _row_kernel_inside(bad, buf, boff, tap, plane, ngroups, kw_n, step, ow_n, wq, woff,
+                       wtap, wterm, wzp, c, bias, mult, requantize, lanes, dst, dst_site,
+                       doff, dstride, nrows, rowbuf):
+    """Whether a :func:`dw_row_requant` / :func:`dw_row_acc` call stays inside its
+    buffers: 64-byte loads of ``buf`` at ``boff + r * rowbuf + ow * step + g * plane +
+    kw * tap`` and of ``wq`` at ``woff + (g * kw_n + kw) * wtap``; 16 int32 lanes from
+    ``c`` of ``wterm`` and ``wzp`` (and, requantizing, of ``bias`` and ``mult``); each of
+    the ``nrows * ow_n`` pixels' ``lanes`` elements (the masked bytes, or 16 int32) at
+    ``doff + pixel * dstride`` of ``dst``."""
+    b_hi = (boff + (nrows - 1) * rowbuf + (ow_n - 1) * step + (ngroups - 1) * plane
+            + (kw_n - 1) * tap + 4 * LANES)
+    return (within(bad, 2, buf.size, boff, b_hi)
+            and within(bad, 3, wq.size, woff, woff + (ngroups * kw_n - 1) * wtap + 4 * LANES)
+            and within(bad, 4, wterm.size, c, c + LANES)
+            and within(bad, 5, wzp.size, c, c + LANES)
+            and (not requantize or (within(bad, 6, bias.size, c, c + LANES)
+                                    and within(bad, 7, mult.size, c, c + LANES)))
+            and within(bad, dst_site, dst.size, doff,
+                       doff + (nrows * ow_n - 1) * dstride + lanes))
 
 
 def pack_weights(taps: np.ndarray, wzp: np.ndarray) -> dict[str, Any]:
@@ -434,8 +477,8 @@ def _row_source(k, rows, n, od, oh, geo, x_shape, xzp):
 
 
 @njit(inline="always")
-def _worker(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult, bias_f, bias_i, zp, lo,
-            hi, out, mult16, bias16, biasi16, next_row, grab, batch):
+def _worker(bad, x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult, bias_f, bias_i, zp,
+            lo, hi, out, mult16, bias16, biasi16, next_row, grab, batch):
     """One worker of :func:`conv_depthwise_vnni`: its buffers, then runs of ``grab`` output
     rows from the counter ``next_row`` until none are left, ``batch`` rows a call."""
     kh_n, kw_n = geo[1], geo[2]
@@ -473,7 +516,7 @@ def _worker(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult, bias_f, bias
         if first >= total:
             break
         for row0 in range(first, min(total, first + grab), batch):
-            _depthwise_rows(row0, min(batch, total - row0), xflat, x.shape, flip, xzp, wq,
+            _depthwise_rows(bad, row0, min(batch, total - row0), xflat, x.shape, flip, xzp, wq,
                             wterm, wzp, has_wzp, geo, buf, region, scratch, mode, mult,
                             bias_f, bias_i, zp, lo, hi, mult16, bias16, biasi16, qmin, qmax,
                             oflat, out)
@@ -509,9 +552,15 @@ def conv_depthwise_vnni(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, nchunks, mod
     another process on its core does not hold the others up."""
     mult16, bias16, biasi16, next_row, grab, batch = _schedule(x, wterm, geo, mult, bias_f,
                                                                bias_i, mode, nchunks)
+    if CHECKED:
+        bad = violations()
+    else:
+        bad = NO_CHECKS
     for _worker_id in prange(nchunks):
-        _worker(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult, bias_f, bias_i, zp,
-                lo, hi, out, mult16, bias16, biasi16, next_row, grab, batch)
+        _worker(bad, x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult, bias_f, bias_i,
+                zp, lo, hi, out, mult16, bias16, biasi16, next_row, grab, batch)
+    if CHECKED and bad[0]:
+        fail("int8 VNNI depthwise kernel", DW_BUFFERS, bad)
 
 
 @kernel()
@@ -521,17 +570,24 @@ def conv_depthwise_vnni_serial(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode,
     (whose start costs more than a second thread saves on small layers)."""
     mult16, bias16, biasi16, next_row, grab, batch = _schedule(x, wterm, geo, mult, bias_f,
                                                                bias_i, mode, 1)
-    _worker(x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult, bias_f, bias_i, zp, lo,
-            hi, out, mult16, bias16, biasi16, next_row, grab, batch)
+    if CHECKED:
+        bad = violations()
+    else:
+        bad = NO_CHECKS
+    _worker(bad, x, flip, xzp, wq, wterm, wzp, has_wzp, geo, mode, mult, bias_f, bias_i, zp,
+            lo, hi, out, mult16, bias16, biasi16, next_row, grab, batch)
+    if CHECKED and bad[0]:
+        fail("int8 VNNI depthwise kernel", DW_BUFFERS, bad)
 
 
 @njit(inline="always")
-def _depthwise_rows(row0, nrows, xflat, x_shape, flip, xzp, wq, wterm, wzp, has_wzp, geo, buf,
+def _depthwise_rows(bad, row0, nrows, xflat, x_shape, flip, xzp, wq, wterm, wzp, has_wzp, geo, buf,
                     region, scratch, mode, mult, bias_f, bias_i, zp, lo, hi, mult16, bias16,
                     biasi16, qmin, qmax, oflat, out):
     """Output rows row0 .. row0 + nrows - 1 (each an (n, od, oh)): interleave the input
     rows of each into its ``region`` of ``buf``, then every 16-channel block of all their
-    pixels (see :func:`conv_depthwise_vnni`)."""
+    pixels (see :func:`conv_depthwise_vnni`). Checked mode: calls outside their
+    buffers are skipped and recorded in ``bad``."""
     chans = x_shape[4]
     kh_n, kw_n = geo[1], geo[2]
     od_n, oh_n, ow_n = geo[12], geo[13], geo[14]
@@ -555,22 +611,46 @@ def _depthwise_rows(row0, nrows, xflat, x_shape, flip, xzp, wq, wterm, wzp, has_
             o2, v2, f2 = _row_source(4 * g + 2, rows, n, od, oh, geo, x_shape, xzp)
             o3, v3, f3 = _row_source(4 * g + 3, rows, n, od, oh, geo, x_shape, xzp)
             xb = (bx_lo - pw) * chans
+            # (the fourth row is absent, and not read, when past the kernel: f3 == 0)
+            if CHECKED and not _interleave_inside(
+                    bad, xflat, (o0 + xb, o1 + xb, o2 + xb, o3 + xb), v3 == 0 and f3 == 0,
+                    chans, bx_hi - bx_lo, buf, k * region + g * plane + bx_lo * col):
+                continue
             interleave_rows(xflat, (o0 + xb, o1 + xb, o2 + xb, o3 + xb), (v0, v1, v2, v3),
                             (f0, f1, f2, f3), flip, chans, bx_hi - bx_lo, buf,
                             k * region + g * plane + bx_lo * col)
     m0 = row0 * ow_n
     for j in range(nvec):
+        # requantized: min(16, chans - 16 j) bytes a pixel (masked) into out (site 8);
+        # raw: 16 int32 a pixel into scratch (site 9), bias and mult unread
         if mode == 0:
+            if CHECKED and not _row_kernel_inside(
+                    bad, buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n, wq,
+                    64 * j, col, wterm, wzp, 16 * j, bias16, mult16, True,
+                    min(16, chans - 16 * j), oflat, 8, m0 * chans + 16 * j, chans, nrows,
+                    region):
+                continue
             dw_row_requant(buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n,
                            wq, 64 * j, col, wterm, wzp, has_wzp, 16 * j, bias16, mult16,
                            qmin, qmax, zp, chans - 16 * j, oflat, m0 * chans + 16 * j,
                            chans, xzp, rows, nrows, region)
         elif mode == 1:
+            if CHECKED and not _row_kernel_inside(
+                    bad, buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n, wq,
+                    64 * j, col, wterm, wzp, 16 * j, biasi16, mult16, True,
+                    min(16, chans - 16 * j), oflat, 8, m0 * chans + 16 * j, chans, nrows,
+                    region):
+                continue
             dw_row_requant(buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n,
                            wq, 64 * j, col, wterm, wzp, has_wzp, 16 * j, biasi16, mult16,
                            qmin, qmax, zp, chans - 16 * j, oflat, m0 * chans + 16 * j,
                            chans, xzp, rows, nrows, region)
         else:
+            if CHECKED and not _row_kernel_inside(
+                    bad, buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n, wq,
+                    64 * j, col, wterm, wzp, 16 * j, bias16, mult16, False, 16, scratch, 9,
+                    16 * j, c16, nrows, region):
+                continue
             dw_row_acc(buf, 64 * j, dw * col, plane, ngroups, kw_n, sw * col, ow_n,
                        wq, 64 * j, col, wterm, wzp, has_wzp, 16 * j, bias16, mult16,
                        qmin, qmax, zp, 16, scratch, 16 * j, c16, xzp, rows, nrows, region)
