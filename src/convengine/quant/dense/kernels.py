@@ -93,7 +93,7 @@ NO_CHECKS = np.zeros(4, np.int64)
 
 
 @njit(inline="always")
-def _extent(out):
+def extent(out):
     """Elements of the 2-D ``out`` a store may reach: ``(M - 1) * ldo + O`` (its rows
     may be a view's, ``ldo`` apart); 0 if empty."""
     if out.size == 0:
@@ -133,7 +133,7 @@ def _requant_inside(bad, out_n, out_off, ldo, mr, ncol, nvec, rows, r_off, col_t
                     bias, mult, o0):
     """The VNNI requantizing store (vnni._requant_epilogue): 8-bit rows ``r < mr`` of
     ``min(ncol, 16 * nvec)`` bytes at ``out_off + r * ldo`` (whole vectors, then a
-    masked one) in ``out_n`` (:func:`_extent`), row sums ``r_off + r``, and the four
+    masked one) in ``out_n`` (:func:`extent`), row sums ``r_off + r``, and the four
     column vectors read whole, 16 * nvec lanes from ``o0``, whatever ``ncol``."""
     width = 16 * nvec
     return (within(bad, 4, out_n, out_off, out_off + (mr - 1) * ldo + min(ncol, width))
@@ -157,7 +157,7 @@ def _avx2_inside(bad, a, a_off, lda, mr, step, b, b_off, k_steps, b_step):
 @njit(inline="always")
 def _avx2_store_inside(bad, out_n, out_off, ldo, mr, bias, mult, o0):
     """AVX2's requantizing store: 16 bytes a row ``r < mr`` at ``out_off + r * ldo`` in
-    ``out_n`` (:func:`_extent`); ``bias`` and ``mult``: two 8-lane vectors from ``o0``."""
+    ``out_n`` (:func:`extent`); ``bias`` and ``mult``: two 8-lane vectors from ``o0``."""
     return (within(bad, 4, out_n, out_off, out_off + (mr - 1) * ldo + AVX2_NR)
             and within(bad, 8, bias.size, o0, o0 + AVX2_NR)
             and within(bad, 9, mult.size, o0, o0 + AVX2_NR))
@@ -525,7 +525,7 @@ def _tiles_requant(bad, a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep, ou
                     _vnni_inside(bad, a, a0 + (rb - m0) * lda, lda, min(12, m1 - rb), kn, wp,
                                  b_off, 1)
                     and _tile_inside(bad, ctile, (rb - m0) * NR, 12, 1)
-                    and _requant_inside(bad, _extent(out), rb * ldo + o0, ldo,
+                    and _requant_inside(bad, extent(out), rb * ldo + o0, ldo,
                                         min(12, m1 - rb), ncol, 1, rows, rb - m0, col_term,
                                         wzp, bias_f, mult, o0)):
                 continue
@@ -540,7 +540,7 @@ def _tiles_requant(bad, a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep, ou
                     _vnni_inside(bad, a, a0 + (rb - m0) * lda, lda, min(8, m1 - rb), kn, wp,
                                  b_off, 2)
                     and _tile_inside(bad, ctile, (rb - m0) * NR, 8, 2)
-                    and _requant_inside(bad, _extent(out), rb * ldo + o0, ldo,
+                    and _requant_inside(bad, extent(out), rb * ldo + o0, ldo,
                                         min(8, m1 - rb), ncol, 2, rows, rb - m0, col_term,
                                         wzp, bias_f, mult, o0)):
                 continue
@@ -556,7 +556,7 @@ def _tiles_requant(bad, a, a0, lda, wp, b_off, kn, m0, m1, ncol, ctile, keep, ou
                     _vnni_inside(bad, a, a0 + (rb - m0) * lda, lda, mr, kn, wp, b_off, 4)
                     and _tile_inside(bad, ctile, (rb - m0) * NR, 2 if mr <= 2 else
                                      4 if mr <= 4 else MR, 4)
-                    and _requant_inside(bad, _extent(out), rb * ldo + o0, ldo, mr, ncol, 4,
+                    and _requant_inside(bad, extent(out), rb * ldo + o0, ldo, mr, ncol, 4,
                                         rows, rb - m0, col_term, wzp, bias_f, mult, o0)):
                 continue
             a_rows, weights = (a, a0 + (rb - m0) * lda, lda, mr), (wp, b_off, kn)
@@ -662,7 +662,7 @@ def conv_vnni_taps(x, xzp, wp, col_term, geo, kc4, nb, parts, mult, bias, zp, lo
             for ow0 in range(0, ow_n, MR):
                 mr = min(MR, ow_n - ow0)
                 if CHECKED and not _taps_inside(bad, xp, a_row + ow0 * sw * cp, sw * cp, mr,
-                                                c4n, tapoff, taps, wp, b_off, _extent(out),
+                                                c4n, tapoff, taps, wp, b_off, extent(out),
                                                 (orow * ow_n + ow0) * ldo + o0, ldo, ncol,
                                                 zeros, col_term, bias, mult, o0):
                     continue
@@ -816,7 +816,7 @@ def conv_avx2(x, flip, xzp, wp, geo, groups, kc, kc2, nb, prows, direct, zeros, 
                         if CHECKED and not (
                                 _avx2_inside(bad, a, r0 * lda, lda, min(AVX2_MR, rows - r0), 2,
                                              wp, b_off, kc2, 2 * AVX2_NR)
-                                and _avx2_store_inside(bad, _extent(out), (m0 + r0) * ldo + o0,
+                                and _avx2_store_inside(bad, extent(out), (m0 + r0) * ldo + o0,
                                                        ldo, min(AVX2_MR, rows - r0), bias_f,
                                                        mult, o0)):
                             continue
@@ -828,7 +828,7 @@ def conv_avx2(x, flip, xzp, wp, geo, groups, kc, kc2, nb, prows, direct, zeros, 
                         if CHECKED and not (
                                 _avx2_inside(bad, a, r0 * lda, lda, min(AVX2_MR, rows - r0), 2,
                                              wp, b_off, kc2, 2 * AVX2_NR)
-                                and _avx2_store_inside(bad, _extent(out), (m0 + r0) * ldo + o0,
+                                and _avx2_store_inside(bad, extent(out), (m0 + r0) * ldo + o0,
                                                        ldo, min(AVX2_MR, rows - r0), bias_i,
                                                        mult, o0)):
                             continue
@@ -984,7 +984,7 @@ def _panel_u8s8(bad, x, xzp, wp, col_term, fix_ptr, fix_col, fix_w, geo, kc, kc4
             if CHECKED and not (
                     _avx2_inside(bad, a, a0 + r0 * lda, lda, mr, 4, wp, b_off, kc4,
                                  4 * AVX2_NR)
-                    and _avx2_store_inside(bad, _extent(out), (m0 + r0) * ldo + o0, ldo, mr,
+                    and _avx2_store_inside(bad, extent(out), (m0 + r0) * ldo + o0, ldo, mr,
                                            bias, mult, o0)
                     and (within(bad, 3, start.size, 0, AVX2_MR * AVX2_NR) if fixed
                          else within(bad, 6, col_term.size, o0, o0 + AVX2_NR))):

@@ -36,7 +36,7 @@ from ...epilogue_codes import Epilogue
 from .._ir import requant
 from ..cpu import HAS_AVX2
 from ..dense.avx2 import store_bytes
-from ..dense.kernels import NO_CHECKS, _extent
+from ..dense.kernels import NO_CHECKS, extent
 from .kernels import _row_source
 
 MAX_TAPS = (1 << 24) // (2 * 255 * 255)  # 129: the float32 sums' exactness bound
@@ -187,7 +187,7 @@ def _block_inside(bad, out, oo, ldo, src, zero, offsets, col, pix, tap, kw, wf, 
     ``offsets[r]`` in ``src``, or past 0 in ``zero`` where ``offsets[r] < 0``; ``wf``
     ``8 * nvec`` lanes from ``t * c_n + c0`` for every tap ``t``; ``wterm``, ``bias``,
     ``mult`` ``8 * nvec`` lanes from ``c0``; ``out`` ``8 * nvec`` bytes at ``oo + b * ldo``
-    (:func:`~convengine.quant.dense.kernels._extent`: its rows may be a view's)."""
+    (:func:`~convengine.quant.dense.kernels.extent`: its rows may be a view's)."""
     lanes = LANES * nvec
     span = (width - 1) * pix + (kw - 1) * tap + lanes
     for r in range(offsets.size):
@@ -200,7 +200,7 @@ def _block_inside(bad, out, oo, ldo, src, zero, offsets, col, pix, tap, kw, wf, 
             and within(bad, 4, wterm.size, c0, c0 + lanes)
             and within(bad, 5, bias.size, c0, c0 + lanes)
             and within(bad, 6, mult.size, c0, c0 + lanes)
-            and within(bad, 7, _extent(out), oo, oo + (width - 1) * ldo + lanes))
+            and within(bad, 7, extent(out), oo, oo + (width - 1) * ldo + lanes))
 
 
 @njit(inline="always")
