@@ -251,8 +251,9 @@ def _run_forward(variant: Forward, dtype, layout: str, x, w, geometry: Geometry,
     count = geometry.batch * math.prod(geometry.out_size) * c
     raw = _sentinel(count, dtype)
     no_bias = np.zeros(0)  # what the plans pass without the epilogue
+    # act as an int, as the plans pass it (an IntEnum compiles another signature)
     y = kernel(x, _taps(w, dtype), *geometry.out_size, variant.stride[0], *geometry.pad,
-               rows, channels, raw, bias if variant.epilogue else no_bias, act)
+               rows, channels, raw, bias if variant.epilogue else no_bias, int(act))
     _check_in_place(y, raw, f"{variant} {layout}")
     return y
 
