@@ -257,7 +257,7 @@ def test_avx2_float_and_int8_kernels_on_this_host():
         sys.path.insert(0, "tests")
         import convengine as ce
         from convengine import _host, quant
-        from convengine.algorithms import blocked
+        from convengine.algorithms.blocked import forward as blocked
         from test_isa import run_float_cases, run_int8_cases
         try:
             ce.config.set(int8_path="vnni")
