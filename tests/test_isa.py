@@ -107,6 +107,45 @@ def _python(code: str, isa: str | None, timeout: int = 600) -> subprocess.Comple
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def test_the_llvm_feature_string_turns_off_what_is_not_allowed():
+    cpu = {"avx2": True, "avx512f": True, "amx-tile": False, "fma": True}
+    allowed = {"avx2": True, "fma": True}
+    assert _host.llvm_feature_string(cpu, allowed) == "-amx-tile,+avx2,-avx512f,+fma"
+
+
+# A loop LLVM vectorises by itself: with AVX-512 allowed it uses zmm registers and mask
+# registers (Zen 4, Sapphire Rapids); lowered to AVX2, neither, nor ymm16-31 (AVX512VL).
+_VECTORISED_LOOP = """
+    import json, re
+    import numpy as np
+    import convengine
+    from convengine import _host
+    import numba
+
+    @numba.njit(fastmath=True)
+    def f(a, b, c):
+        for i in range(a.size):
+            c[i] = a[i] * b[i] + c[i] if a[i] > 0 else c[i]
+        return c.sum()
+
+    a = np.ones(1000, np.float32)
+    f(a, a, a.copy())
+    asm = "".join(f.inspect_asm().values())
+    print(json.dumps(dict(isa=_host.ISA, lowered=_host.LLVM_TARGET_LOWERED,
+                          evex=bool(re.search(r"zmm|%k[1-7]|ymm(1[6-9]|2[0-9]|3[01])", asm)))))
+"""
+
+
+@pytest.mark.skipif(not _host.CPU_FEATURES.get("avx512f"), reason="the CPU has no AVX-512")
+def test_a_lowered_isa_lowers_the_code_llvm_generates_too():
+    native, lowered = (_python(_VECTORISED_LOOP, isa) for isa in (None, "avx2"))
+    assert native.returncode == 0 and lowered.returncode == 0, native.stderr + lowered.stderr
+    native_out = json.loads(native.stdout.splitlines()[-1])
+    lowered_out = json.loads(lowered.stdout.splitlines()[-1])
+    assert native_out["evex"], "the control should use AVX-512 registers"
+    assert lowered_out == {"isa": "avx2", "lowered": True, "evex": False}
+
+
 def test_an_unknown_or_too_high_level_fails_at_import():
     res = _python("import convengine", "sse9")
     assert res.returncode != 0 and "CONVENGINE_ISA must be one of" in res.stderr

@@ -91,10 +91,35 @@ def _lowered(features: dict[str, bool], level: str) -> dict[str, bool]:
     return {f: v for f, v in features.items() if f not in dropped}
 
 
+def llvm_feature_string(cpu: dict[str, bool], allowed: dict[str, bool]) -> str:
+    """LLVM's ``+f,-g,...`` over every feature of ``cpu``: ``+`` for those ``allowed``
+    has on, ``-`` for the rest (a feature left out would take the CPU name's default,
+    which for ``znver4`` or ``sapphirerapids`` includes AVX-512)."""
+    return ",".join(("+" if allowed.get(f) else "-") + f for f in sorted(cpu))
+
+
+def lower_llvm_target(cpu: dict[str, bool], allowed: dict[str, bool]) -> bool:
+    """Make numba compile for ``allowed`` only (``$NUMBA_CPU_FEATURES``, re-read by
+    numba's config), so that code LLVM generates by itself (vectorised loops, wider
+    encodings of the kernels' own vectors) stays within the lowered level too. A
+    ``$NUMBA_CPU_FEATURES`` the user set wins. Takes effect where numba has compiled
+    nothing yet in this process (its target machine is made at the first compile):
+    ``import convengine`` first. Returns whether the variable was set here."""
+    enabled = {f for f, on in allowed.items() if on}
+    if enabled == {f for f, on in cpu.items() if on} or os.environ.get("NUMBA_CPU_FEATURES"):
+        return False
+    os.environ["NUMBA_CPU_FEATURES"] = llvm_feature_string(cpu, allowed)
+    from numba.core import config as numba_config
+
+    numba_config.reload_config()
+    return True
+
+
 CPU_FEATURES = host_features()
 CPU_ISA = _cpu_level(CPU_FEATURES)
 ISA = _chosen_level(CPU_ISA, os.environ.get(ISA_ENV, ""))
 FEATURES = _lowered(CPU_FEATURES, ISA)  # what the kernels may use
+LLVM_TARGET_LOWERED = lower_llvm_target(CPU_FEATURES, FEATURES)
 HAS_AVX2 = ISA_LEVELS.index(ISA) >= ISA_LEVELS.index("avx2")
 HAS_AVX512 = ISA_LEVELS.index(ISA) >= ISA_LEVELS.index("avx512")
 HAS_VNNI = ISA_LEVELS.index(ISA) >= ISA_LEVELS.index("avx512_vnni")
