@@ -41,6 +41,7 @@ from numba.extending import intrinsic
 
 from ... import host_params, memory
 from ..._kernel_cache import Source, instantiate, load
+from ...checked import CHECKED, within  # noqa: F401  (CHECKED: read by the generated span/edge)
 from ...epilogue_codes import Activation
 from ...problem import ConvProblem
 from ...threads import get_num_threads
@@ -233,9 +234,21 @@ def _block_intrinsic(  # noqa: PLR0913
                 return read(base, offset, v, mask)
 
             for v in range(NVEC):
-                weights = [  # zero-padded past the last channel: never masked
+                # wk is zero-padded to whole vectors (lanes past the last channel need no
+                # mask), but not to whole blocks of NVEC: vector v >= 1 of a block whose
+                # channels end before it may lie past wk's end (C = 144 float32 with
+                # AVX-512: the last block's second vector, 576 bytes past wk). Such a
+                # vector is loaded only if it holds a valid lane (a mask of all lanes or
+                # none); vector 0 always holds one, as do all of a whole block's.
+                held = None
+                if not whole and v > 0:
+                    held = builder.select(
+                        builder.icmp_signed(">", valid_v, ir.Constant(it, v * lanes)),
+                        ir.Constant(mask_t, [1] * lanes), ir.Constant(mask_t, None))
+                weights = [
                     builder.load(at(w_at, None, v * kh_ * kw_ + i * kw_ + j),
-                                 align=align.constant)
+                                 align=align.constant) if held is None
+                    else read(w_at, None, v * kh_ * kw_ + i * kw_ + j, held)
                     for i, j in taps
                 ]
                 # each x vector is loaded once and used by every pixel it reaches, the
@@ -291,26 +304,95 @@ def _block_intrinsic(  # noqa: PLR0913
     return intrinsic(block_epilogue if epilogue else block)
 
 
-def _span_source(sw: int, epilogue: bool) -> str:
-    """Source of ``span(y, yo, a, ao, rs, cs, wk, c0, cb, p0, p1, col0, rows, bias, act)``
-    (bias and act passed on to the blocks with ``epilogue``): output
+@njit(inline="always")
+def _block_inside(bad, y, yo, a, ao, rs, cs, wk, wo, c_, valid, rows, bias,  # noqa: ANN001, ANN201, PLR0913
+                  kh_, kw_, sw, dw, width, j0, j1, epilogue):
+    """Whether one call of ``_block_intrinsic(kh_, kw_, sw, dw, width, j0, j1, ...)`` with
+    these arguments stays inside its buffers (checked mode; sites 1 y, 2 x or 3 buf,
+    4 wk, 5 bias). Its exact footprint, from the block's code (prefetches, which never
+    fault, aside), with ``used = min(valid, NVEC*L)`` the lanes its masks let through:
+
+    - y: pixels ``b < width`` at ``yo + b*c_``, lanes ``[0, used)`` of each (masked
+      stores for a partial vector: no lane at or past ``valid`` is written);
+    - a (x, or a task's zero-padded rows buf): tap rows ``i`` with bit i of ``rows``
+      only (a row outside is read at the first row inside under an all-false mask,
+      which touches nothing), columns ``b*sw + j*dw`` for ``b < width``, ``j0 <= j <
+      j1``, ``cs`` apart, lanes ``[0, used)`` (masked, or plain where every lane is
+      valid);
+    - wk: per vector ``v`` of channels that is loaded, taps ``(i, j)`` for every row
+      ``i`` (rows outside x still load their weights) and ``j0 <= j < j1`` at
+      ``(wo + v*L)*KH*KW + (i*KW + j)*L``, whole vectors (wk is zero-padded to whole
+      vectors); vector 0 always, vector ``v >= 1`` only if it holds a valid lane
+      (``valid > v*L``);
+    - bias (``epilogue``): ``[wo, wo + used)`` (plain loads only when every lane is
+      valid, masked otherwise).
+    """
+    lanes = VECTOR_BYTES // y.itemsize
+    used = max(0, min(valid, NVEC * lanes))
+    if used > 0:  # else every lane is masked off: only wk's vector 0 is loaded
+        pix_lo, pix_hi = min(0, (width - 1) * c_), max(0, (width - 1) * c_)
+        if not within(bad, 1, y.size, yo + pix_lo, yo + pix_hi + used):
+            return False
+        row_lo, row_hi, any_row = 0, 0, False
+        for i in range(kh_):
+            if rows >> i & 1:
+                row_lo = i * rs if not any_row else min(row_lo, i * rs)
+                row_hi = i * rs if not any_row else max(row_hi, i * rs)
+                any_row = True
+        if any_row:
+            first_col, last_col = j0 * dw * cs, ((width - 1) * sw + (j1 - 1) * dw) * cs
+            col_lo, col_hi = min(first_col, last_col), max(first_col, last_col)
+            if not within(bad, 2 if a.ndim == 4 else 3, a.size, ao + row_lo + col_lo,
+                          ao + row_hi + col_hi + used):
+                return False
+    taps = kh_ * kw_
+    last_vector = 0
+    for v in range(1, NVEC):
+        if valid > v * lanes:
+            last_vector = v
+    if not within(bad, 4, wk.size, wo * taps + j0 * lanes,
+                  (wo + last_vector * lanes) * taps + ((kh_ - 1) * kw_ + j1) * lanes):
+        return False
+    return not epilogue or used == 0 or within(bad, 5, bias.size, wo, wo + used)
+
+
+def _block_call(name: str, block_args: str, shape: str, epilogue: bool,
+                indent: str) -> list[str]:
+    """Source lines calling the register block ``name(block_args)``, checked first in
+    checked mode (:func:`_block_inside` with the same argument text; ``shape``: its
+    constant arguments kh_, kw_, sw, dw, width, j0, j1): a block reaching outside a
+    buffer is skipped and recorded in ``bad``."""
+    extra = ", bias, act" if epilogue else ""
+    return [
+        f"{indent}if CHECKED and not _block_inside(bad, {block_args}, bias, {shape}, "
+        f"{epilogue}):",
+        f"{indent}    continue",
+        f"{indent}{name}({block_args}{extra})",
+    ]
+
+
+def _span_source(kh_: int, kw_: int, sw: int, dw: int, epilogue: bool) -> str:
+    """Source of ``span(y, yo, a, ao, rs, cs, wk, c0, cb, p0, p1, col0, rows, bias, act,
+    bad)`` (bias and act passed on to the blocks with ``epilogue``): output
     pixels ``p0:p1`` of one row (``y.flat[yo + ow*C + c]``, channels ``c0 + c``, c < cb)
     from array ``a``: tap row i starts at ``a.flat[ao + i*rs]`` (read as zeros unless
     bit i of ``rows`` is set), columns ``cs`` elements apart, pixel ``ow`` at column
     ``col0 + (ow - p0) * sw``. Blocks of OW_BLOCK pixels (the last narrower), each over
-    all channels in vectors."""
+    all channels in vectors. ``bad``: checked mode's record (:func:`_block_inside`
+    before each block), else None."""
 
     def call(width: int, indent: str) -> list[str]:
+        args = ("y, yo + ob * c_ + cc, a, col + cc, rs, cs, wk, c0 + cc, c_, "
+                "min(lanes, cb - cc), rows")
         return [
             f"{indent}col = ao + (col0 + (ob - p0) * {sw}) * cs",
             f"{indent}for cc in range(0, cb, lanes):",
-            f"{indent}    block{width}(y, yo + ob * c_ + cc, a, col + cc, rs, cs, wk, c0 + cc,"
-            f" c_, min(lanes, cb - cc), rows{extra})",
+            *_block_call(f"block{width}", args, f"{kh_}, {kw_}, {sw}, {dw}, {width}, 0, {kw_}",
+                         epilogue, indent + "    "),
         ]
 
-    extra = ", bias, act" if epilogue else ""
     body = [
-        "def span(y, yo, a, ao, rs, cs, wk, c0, cb, p0, p1, col0, rows, bias, act):",
+        "def span(y, yo, a, ao, rs, cs, wk, c0, cb, p0, p1, col0, rows, bias, act, bad):",
         "    c_ = y.shape[3]",
         "    lanes = NVEC * VECTOR_BYTES // y.itemsize",
         "    ob = p0",
@@ -324,24 +406,24 @@ def _span_source(sw: int, epilogue: bool) -> str:
     return "\n".join(body) + "\n"
 
 
-def _edge_source(kw_: int, epilogue: bool) -> str:
-    """Source of ``edge(y, yo, a, ao, rs, cs, wk, c0, cb, j0, j1, rows, bias, act)``: one output
-    pixel over the taps ``j0 <= j < j1`` of each row only (the others fall outside x),
-    all channels in vectors; ``ao`` addresses tap column 0 (which may lie before x),
-    ``rows`` as in span."""
-    extra = ", bias, act" if epilogue else ""
+def _edge_source(kh_: int, kw_: int, sw: int, dw: int, epilogue: bool) -> str:
+    """Source of ``edge(y, yo, a, ao, rs, cs, wk, c0, cb, j0, j1, rows, bias, act, bad)``:
+    one output pixel over the taps ``j0 <= j < j1`` of each row only (the others fall
+    outside x), all channels in vectors; ``ao`` addresses tap column 0 (which may lie
+    before x), ``rows`` and ``bad`` as in span."""
     body = [
-        "def edge(y, yo, a, ao, rs, cs, wk, c0, cb, j0, j1, rows, bias, act):",
+        "def edge(y, yo, a, ao, rs, cs, wk, c0, cb, j0, j1, rows, bias, act, bad):",
         "    c_ = y.shape[3]",
         "    lanes = NVEC * VECTOR_BYTES // y.itemsize",
     ]
+    args = "y, yo + cc, a, ao + cc, rs, cs, wk, c0 + cc, c_, min(lanes, cb - cc), rows"
     windows = [(lo, hi) for lo in range(kw_) for hi in range(lo + 1, kw_ + 1)]
     for k, (lo, hi) in enumerate(windows):
         body += [
             f"    {'if' if k == 0 else 'elif'} j0 == {lo} and j1 == {hi}:",
             "        for cc in range(0, cb, lanes):",
-            f"            edge_{lo}_{hi}(y, yo + cc, a, ao + cc, rs, cs, wk, c0 + cc, c_,"
-            f" min(lanes, cb - cc), rows{extra})",
+            *_block_call(f"edge_{lo}_{hi}", args, f"{kh_}, {kw_}, {sw}, {dw}, 1, {lo}, {hi}",
+                         epilogue, "            "),
         ]
     return "\n".join(body) + "\n"
 
@@ -438,8 +520,8 @@ def row_kernels(kh_: int, kw_: int, sw_: int, dw_: int, streaming: bool,
         for j1 in range(j0 + 1, kw_ + 1):
             src.expr(f"edge_{j0}_{j1}", f"_block_intrinsic({kh_}, {kw_}, {sw_}, {dw_}, 1, "
                      f"{j0}, {j1}, {streaming}, {epilogue})")
-    src.code(_span_source(sw_, epilogue), "span")
-    src.code(_edge_source(kw_, epilogue), "edge")
+    src.code(_span_source(kh_, kw_, sw_, dw_, epilogue), "span")
+    src.code(_edge_source(kh_, kw_, sw_, dw_, epilogue), "edge")
     src.jit("span", **NOALIAS)
     src.jit("edge", **NOALIAS)
     return load(src)

@@ -4,7 +4,10 @@ of y stored non-temporally if ``STREAMING``; ``act(conv + bias)`` if ``EPILOGUE`
 over the generated row kernels ``span`` and ``edge`` of
 :func:`convengine.algorithms.depthwise.forward.row_kernels`; made by
 :func:`~convengine.algorithms.depthwise.forward.depthwise2d_kernel`, whose docstring
-says what ``parallel`` and ``serial`` compute."""
+says what ``parallel`` and ``serial`` compute. In checked mode (:mod:`convengine.checked`)
+span and edge check each register block's y, x (or buf), wk and bias ranges before
+calling it (``forward._block_inside``), skip a block reaching outside, and the kernel
+raises BoundsError after its parallel loop."""
 
 import numpy as np
 from numba import prange
@@ -18,21 +21,24 @@ from convengine.algorithms.depthwise.forward import (
     row_kernels,
 )
 from convengine.algorithms.fma import store_fence
+from convengine.checked import CHECKED, fail, violations
 
 KH, KW, SW, DH, DW, STREAMING, EPILOGUE = parameters(
     __name__, "KH", "KW", "SW", "DH", "DW", "STREAMING", "EPILOGUE")
 rows_module = row_kernels(KH, KW, SW, DW, STREAMING, EPILOGUE)
 span, edge = rows_module.span, rows_module.edge
 REACH = (KW - 1) * DW + 1  # input columns one output pixel reads
+BUFFERS = ("y", "x", "buf", "wk", "bias")  # the sites of forward._block_inside
 
 
 @compiled(**NOALIAS)
-def task(x, wk, y, buf, r0, r1, c0, sh, ph, pw, bias, act):  # noqa: PLR0913
+def task(x, wk, y, buf, r0, r1, c0, sh, ph, pw, bias, act, bad):  # noqa: PLR0913
     """Output rows r0:r1 (over n and oh) of channels c0:c0+cb, cb = buf.shape[2].
     Pixels read x in place: tap rows above or below x masked off, the first and
     last columns with only the taps inside x. Where some pixel has no tap column
     inside x, every row (where a row has no tap row inside x, that row) reads
-    zero-padded copies of its input rows in buf (KH, Wp, cb) instead."""
+    zero-padded copies of its input rows in buf (KH, Wp, cb) instead. ``bad``: checked
+    mode's record of a block outside its buffers (passed to span and edge), else None."""
     h_, w_, c_ = x.shape[1], x.shape[2], x.shape[3]
     oh_, ow_ = y.shape[1], y.shape[2]
     cb = buf.shape[2]
@@ -61,17 +67,18 @@ def task(x, wk, y, buf, r0, r1, c0, sh, ph, pw, bias, act):  # noqa: PLR0913
         if padded or rows == 0:
             for i in range(KH):
                 _fill(buf, i, x, n, ih0 + i * DH, -pw, buf.shape[1], c0)
-            span(y, yo, buf, 0, plane, cb, wk, c0, cb, 0, ow_, 0, every_row, bias, act)
+            span(y, yo, buf, 0, plane, cb, wk, c0, cb, 0, ow_, 0, every_row, bias, act,
+                 bad)
             continue
         row = ((n * h_ + ih0) * w_) * c_ + c0  # tap row 0, which may lie outside x
         for ow in range(lo):
             edge(y, yo + ow * c_, x, row + (ow * SW - pw) * c_, DH * w_ * c_, c_, wk,
-                 c0, cb, windows[ow, 0], windows[ow, 1], rows, bias, act)
+                 c0, cb, windows[ow, 0], windows[ow, 1], rows, bias, act, bad)
         span(y, yo, x, row, DH * w_ * c_, c_, wk, c0, cb, lo, hi, lo * SW - pw, rows,
-             bias, act)
+             bias, act, bad)
         for ow in range(hi, ow_):
             edge(y, yo + ow * c_, x, row + (ow * SW - pw) * c_, DH * w_ * c_, c_, wk,
-                 c0, cb, windows[ow, 0], windows[ow, 1], rows, bias, act)
+                 c0, cb, windows[ow, 0], windows[ow, 1], rows, bias, act, bad)
     if STREAMING:
         store_fence()
 
@@ -84,13 +91,19 @@ def kernel(x, wk, oh_, ow_, sh, ph, pw, row_parts, channel_parts, raw,  # noqa: 
     rows = y.shape[0] * y.shape[1]
     wp_ = (y.shape[2] - 1) * SW + REACH
     chunks = (c_ + GRAIN - 1) // GRAIN
+    if CHECKED:
+        bad = violations()
+    else:
+        bad = None  # (the checks compiled out: nothing to pass)
     for task_id in prange(row_parts * channel_parts):
         p, g = task_id // channel_parts, task_id % channel_parts
         c0 = min(c_, g * chunks // channel_parts * GRAIN)
         c1 = min(c_, (g + 1) * chunks // channel_parts * GRAIN)
         buf = np.empty((KH, wp_, c1 - c0), dtype=y.dtype)
         task(x, wk, y, buf, p * rows // row_parts, (p + 1) * rows // row_parts,
-             c0, sh, ph, pw, bias, act)
+             c0, sh, ph, pw, bias, act, bad)
+    if CHECKED and bad[0]:
+        fail("depthwise forward kernel", BUFFERS, bad)
     return y
 
 
