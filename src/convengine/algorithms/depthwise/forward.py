@@ -305,6 +305,19 @@ def _block_intrinsic(  # noqa: PLR0913
 
 
 @njit(inline="always")
+def row_reach(bits, kh_, rs):  # noqa: ANN001, ANN201
+    """(lowest, highest, any) of the offsets ``i*rs`` of the tap rows ``i < kh_`` whose
+    bit is set in ``bits`` (checked mode's footprints)."""
+    row_lo, row_hi, any_row = 0, 0, False
+    for i in range(kh_):
+        if bits >> i & 1:
+            row_lo = i * rs if not any_row else min(row_lo, i * rs)
+            row_hi = i * rs if not any_row else max(row_hi, i * rs)
+            any_row = True
+    return row_lo, row_hi, any_row
+
+
+@njit(inline="always")
 def _block_inside(bad, y, yo, a, ao, rs, cs, wk, wo, c_, valid, rows, bias,  # noqa: ANN001, ANN201, PLR0913
                   kh_, kw_, sw, dw, width, j0, j1, epilogue):
     """Whether one call of ``_block_intrinsic(kh_, kw_, sw, dw, width, j0, j1, ...)`` with
@@ -333,12 +346,7 @@ def _block_inside(bad, y, yo, a, ao, rs, cs, wk, wo, c_, valid, rows, bias,  # n
         pix_lo, pix_hi = min(0, (width - 1) * c_), max(0, (width - 1) * c_)
         if not within(bad, 1, y.size, yo + pix_lo, yo + pix_hi + used):
             return False
-        row_lo, row_hi, any_row = 0, 0, False
-        for i in range(kh_):
-            if rows >> i & 1:
-                row_lo = i * rs if not any_row else min(row_lo, i * rs)
-                row_hi = i * rs if not any_row else max(row_hi, i * rs)
-                any_row = True
+        row_lo, row_hi, any_row = row_reach(rows, kh_, rs)
         if any_row:
             first_col, last_col = j0 * dw * cs, ((width - 1) * sw + (j1 - 1) * dw) * cs
             col_lo, col_hi = min(first_col, last_col), max(first_col, last_col)

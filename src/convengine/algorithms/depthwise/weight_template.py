@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from convengine._kernel_cache import compiled, parameters
-from convengine.algorithms.depthwise.forward import NOALIAS, VECTOR_BYTES
+from convengine.algorithms.depthwise.forward import NOALIAS, VECTOR_BYTES, row_reach
 from convengine.algorithms.depthwise.weight import NVEC, _rows_intrinsic
 from convengine.checked import CHECKED, fail, violations, within
 
@@ -66,12 +66,7 @@ def inside(bad, acc, x, dy, info, c0, rs, cs, r0, r1, ow_, lo, hi, col0, w_,  # 
         if ow_ > 0 and not within(bad, 3, dy.size, dyo + c0 + min(0, (ow_ - 1) * cs),
                                   dyo + c0 + max(0, (ow_ - 1) * cs) + used):
             return False
-        row_lo, row_hi, any_row = 0, 0, False
-        for i in range(KH):
-            if bits >> i & 1:
-                row_lo = i * rs if not any_row else min(row_lo, i * rs)
-                row_hi = i * rs if not any_row else max(row_hi, i * rs)
-                any_row = True
+        row_lo, row_hi, any_row = row_reach(bits, KH, rs)
         if not any_row:
             continue
         unchecked = bits == full and hi > lo
