@@ -101,6 +101,8 @@ def test_the_host_s_level_is_consistent():
 
 def _python(code: str, isa: str | None, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != _host.ISA_ENV}
+    if _host.LLVM_TARGET_LOWERED:  # this process lowered numba's target: not for the child
+        env.pop("NUMBA_CPU_FEATURES")
     if isa is not None:
         env[_host.ISA_ENV] = isa
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=ROOT,
