@@ -21,3 +21,19 @@ if ("CONVENGINE_CACHE_DIR" not in os.environ
 # compiled kernels are kept across runs (their names cover what changes their code)
 os.environ.setdefault("CONVENGINE_KERNEL_DIR", os.path.join(
     tempfile.gettempdir(), f"convengine-test-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}"))
+
+
+def pytest_addoption(parser):  # noqa: ANN001, ANN201
+    parser.addoption(
+        "--every", type=int, default=1, metavar="N",
+        help="run only every Nth collected test, by position (1: all); CI's checked-mode "
+             "tier samples the kernel families' variants this way")
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ANN201
+    every = config.getoption("--every")
+    if every < 1:
+        raise ValueError(f"--every must be a positive integer, got {every}")
+    if every > 1:
+        config.hook.pytest_deselected(items=[t for k, t in enumerate(items) if k % every])
+        items[:] = items[::every]
