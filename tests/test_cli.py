@@ -76,7 +76,11 @@ def test_passes_are_named_as_in_the_api_and_the_short_names_still_work(capsys):
     assert [e["problem"].split()[0] for e in by_api["entries"]] == [
         "forward", "backward_data", "backward_weight"]
     assert [e["key"] for e in by_alias["entries"]] == [e["key"] for e in by_api["entries"]]
-    assert [e["source"] for e in by_alias["entries"]] == ["cache"] * 3  # the same problems
+    for first, again in zip(by_api["entries"], by_alias["entries"], strict=True):
+        # the same problems: what the first run stored comes from the cache; a result
+        # too noisy to store (a loaded host) is measured again
+        assert (again["source"] == "cache" if first["source"] == "tuned"
+                else first["source"] == "noisy" and again["source"] in ("tuned", "noisy"))
     doc = run_json(capsys, "explain", "--x", "1,4,6,6", "--w", "4,4,3,3", "--pass",
                    "backward_data")
     assert doc["problem"].startswith("backward_data 2-D")
