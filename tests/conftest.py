@@ -1,5 +1,5 @@
-"""Test-wide settings: no autotuning by default (tests that tune opt in), and a
-private cache directory so that no test touches the user's cache (compiled kernels
+"""Test-wide settings: no autotuning by default (tests that tune opt in), no shipped
+kernels, and a private cache directory so that no test touches the user's cache (compiled kernels
 go to one kept across runs).
 
 Under pytest-xdist each worker gets its own tuning cache (a worker inherits the
@@ -13,6 +13,9 @@ import tempfile
 _PRIVATE = "_CONVENGINE_TEST_CACHE_DIR"  # the directory this file made, not the user's
 
 os.environ.setdefault("CONVENGINE_TUNING", "off")
+# kernels compiled for the host, also in a checkout where `convengine build-cache` put
+# shipped kernels (tests/test_shipped.py sets its own)
+os.environ.setdefault("CONVENGINE_SHIPPED", "0")
 if ("CONVENGINE_CACHE_DIR" not in os.environ
         or os.environ["CONVENGINE_CACHE_DIR"] == os.environ.get(_PRIVATE)):
     _worker = os.environ.get("PYTEST_XDIST_WORKER", "")

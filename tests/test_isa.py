@@ -165,16 +165,19 @@ def test_avx2_kernels_get_their_own_cache_entries(monkeypatch):
     code = f"""
         from convengine import _host, _kernel_cache as kc
         import {home}
-        print(_host.ISA, _host.VECTOR_BYTES, kc.source_digest({home!r}), kc.fingerprint({home!r}))
+        print(_host.ISA, _host.VECTOR_BYTES, kc.source_digest({home!r}), kc.fingerprint({home!r}),
+              *kc.compile_target())
     """
     res = _python(code, "avx2")
     assert res.returncode == 0, res.stderr
-    isa, width, digest, fingerprint = res.stdout.split()
+    isa, width, digest, fingerprint, cpu_name, cpu_features = res.stdout.split()
     assert (isa, width) == ("avx2", "32")
-    # the subprocess's fingerprint from its parts (its sources as it read them)
+    # the subprocess's fingerprint from its parts (its sources as it read them, the
+    # LLVM target it compiled for: lowered to AVX2 where the CPU has more)
     monkeypatch.setattr(kc, "_SOURCE_DIGESTS", {home: digest})
     monkeypatch.setattr(kc, "_FINGERPRINTS", {})
     monkeypatch.setattr(_host, "ISA", "avx2")
+    monkeypatch.setattr(kc, "compile_target", lambda: (cpu_name, cpu_features))
     assert kc.fingerprint(home) == fingerprint
     if _host.CPU_ISA != "avx2":  # the default level: another name
         monkeypatch.setattr(kc, "_FINGERPRINTS", {})

@@ -337,7 +337,8 @@ def test_module_kernels_miss_after_an_inlined_edit_or_another_isa(
     digest (an edited intrinsic) or level compiles; the same loads."""
     from convengine import _host
 
-    (tmp_path / "ce_probe_kernels.py").write_text(PROBE)  # numba's files beside it
+    (tmp_path / "ce_probe_kernels.py").write_text(PROBE)
+    monkeypatch.setenv("CONVENGINE_KERNEL_DIR", str(tmp_path / "kernels"))  # numba's files
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "ce_probe_kernels", raising=False)  # gone after
     module = importlib.import_module("ce_probe_kernels")
@@ -364,7 +365,7 @@ def _padded16(src: Path, numba_dir: Path, isa: str | None = None) -> tuple[int, 
         assert list(_padded16(np.arange(1, 4, dtype=np.int32), 16)[:5]) == [1, 2, 3, 0, 0]
         print(sum(_padded16.stats.cache_hits.values()), sum(_padded16.stats.cache_misses.values()))
     """).format(src=str(src))
-    env = {**os.environ, "PYTHONPATH": str(src.parent), "NUMBA_CACHE_DIR": str(numba_dir)}
+    env = {**os.environ, "PYTHONPATH": str(src.parent), "CONVENGINE_KERNEL_DIR": str(numba_dir)}
     env.pop("CONVENGINE_ISA", None)
     if isa:
         env["CONVENGINE_ISA"] = isa

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import _targets
+
 
 def host_features() -> dict[str, bool]:
     """LLVM's feature flags of this CPU (``{"avx512f": True, ...}``); empty off x86."""
@@ -117,7 +119,9 @@ def lower_llvm_target(cpu: dict[str, bool], allowed: dict[str, bool]) -> bool:
 
 CPU_FEATURES = host_features()
 CPU_ISA = _cpu_level(CPU_FEATURES)
-ISA = _chosen_level(CPU_ISA, os.environ.get(ISA_ENV, ""))
+# the level asked for, else a compile target's (see _targets), else the CPU's
+ISA = _chosen_level(CPU_ISA, os.environ.get(ISA_ENV, "")
+                    or (_targets.ACTIVE.isa if _targets.ACTIVE else ""))
 FEATURES = _lowered(CPU_FEATURES, ISA)  # what the kernels may use
 LLVM_TARGET_LOWERED = lower_llvm_target(CPU_FEATURES, FEATURES)
 HAS_AVX2 = ISA_LEVELS.index(ISA) >= ISA_LEVELS.index("avx2")

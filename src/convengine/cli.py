@@ -1,10 +1,11 @@
-"""The ``convengine`` command: bench, tune, cache, warmup, explain, demo.
+"""The ``convengine`` command: bench, tune, cache, warmup, build-cache, explain, demo.
 
     convengine bench [--suite resnet50] [--pass forward,backward_data,backward_weight] [--compare torch]
     convengine tune --suite all
     convengine cache show | clear | export FILE | import FILE [--force]
     convengine explain --x 8,64,56,56 --w 64,64,3,3 --padding 1
     convengine warmup [--suite resnet50,mobilenet_v2] [--batch 1,8] [--dtype float32,int8] [--tune]
+    convengine build-cache --target x86-64-v4-vnni,x86-64-v3 [--out DIR] [--suite ...] [--onnx FILES]
     convengine demo [--epochs 5] [--seed 0] [--out DIR] [--tune] [--quiet]
 
 Passes are named as in the API (``forward``, ``backward_data``, ``backward_weight``);
@@ -26,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from functools import partial
+from pathlib import Path
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
@@ -511,6 +513,32 @@ def cmd_explain(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- parser
 
 
+# --------------------------------------------------------------------------- build-cache
+
+
+def cmd_build_cache(args: argparse.Namespace) -> int:
+    """Compile the suites' kernels for each target into the shipped-kernel folder."""
+    from . import shipping
+
+    names = [n.strip() for n in args.target.split(",") if n.strip()]
+    for name in names:  # every target checked before the first is built
+        shipping.check_target(name)
+    out = Path(args.out) if args.out else shipping.default_out()
+    warmup_args = ["--suite", args.suite, "--dtype", args.dtype, "--pass", args.pass_,
+                   "--quiet"] + (["--batch", args.batch] if args.batch else []) + (
+                   [] if args.no_tune else ["--tune"])
+    models = shipping.check_models([Path(p) for p in args.onnx.split(",") if p] if args.onnx
+                                   else [])
+    for name in names:
+        print(f"build-cache: compiling for {name} (convengine warmup {' '.join(warmup_args)}"
+              f"{', then a session run of ' + args.onnx if models else ''})",
+              file=sys.stderr, flush=True)
+        built = shipping.build(name, out, warmup_args, models)
+        print(f"{built.target}: {built.files} files, {built.bytes / 2**20:.1f} MiB in "
+              f"{built.folder} ({built.seconds:.0f} s)")
+    return 0
+
+
 def _common(p: argparse.ArgumentParser, json_help: str) -> None:
     p.add_argument("--json", metavar="FILE", help=f"{json_help} as JSON to FILE ('-': stdout)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -606,6 +634,29 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tune", action="store_true", help="tune the problems first")
     _common(p, "per-call seconds")
     p.set_defaults(func=cmd_warmup)
+
+    p = sub.add_parser("build-cache", help="compile kernels for portable CPU targets into "
+                                           "the folder a built wheel ships (see the "
+                                           "deployment guide)")
+    p.add_argument("--target", required=True,
+                   help="comma-separated: x86-64-v3 (AVX2), x86-64-v4 (AVX-512), "
+                        "x86-64-v4-vnni (AVX-512 VNNI)")
+    p.add_argument("--out", help="folder of the shipped targets (default: the package's "
+                                 "_shipped folder, which `python -m build` packs)")
+    p.add_argument("--suite", default="resnet50,mobilenet_v2",
+                   help="comma-separated suites (default resnet50,mobilenet_v2)")
+    p.add_argument("--batch", default="1", help="comma-separated batch sizes (default 1)")
+    p.add_argument("--dtype", default="float32,int8",
+                   help="comma-separated dtypes (default float32,int8)")
+    p.add_argument("--pass", "--passes", dest="pass_", default="forward", metavar="PASSES",
+                   help=f"{_PASS_HELP} (default forward)")
+    p.add_argument("--onnx", metavar="FILES",
+                   help="comma-separated ONNX model files to run once each through "
+                        "convengine.onnx.Session as well (extra onnx)")
+    p.add_argument("--no-tune", action="store_true",
+                   help="the heuristic's algorithms only (default: every candidate, as "
+                        "tuning on a first call compiles them)")
+    p.set_defaults(func=cmd_build_cache)
 
     p = sub.add_parser("explain", help="the algorithm table for one problem")
     p.add_argument("--x", required=True, help="input shape, e.g. 8,64,56,56")

@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import devices, heuristic, tune
+from .. import devices, heuristic
 from ..errors import ConvSetupError
 from ..problem import FLOAT_DTYPES, as_array
+from ..tune import tuner
 from . import engines
 from .engines import ENGINES, INT_ALGO, Built, Candidate, build, check_input
 from .ir import GraphDefinition, GraphKey, Tensor
@@ -167,11 +168,11 @@ def _algorithms(prog: Program, policy: str) -> list[str]:
     if len(convs) > 1:
         return order
     if policy == "tune":
-        results = tune.tune_problem(problem).results
+        results = tuner.tune_problem(problem).results
         timed = sorted((r["median_s"], n) for n, r in results.items() if "median_s" in r)
         first = [n for _, n in timed]
     else:
-        chosen = tune.choose(problem)
+        chosen = tuner.choose(problem)
         first = [] if chosen is None else [chosen.name]
     return first + [n for n in order if n not in first]
 

@@ -499,7 +499,8 @@ def bind(plan: QuantPlan, w: np.ndarray, x_dtype: np.dtype) -> Launch:
     def launch(x: np.ndarray, y: np.ndarray, res: Residual = _NO_RESIDUAL) -> None:
         prows, parts = kernels.work_split(y.shape[0], lda, y.shape[1] // groups,
                                           get_num_threads())
-        kernels.conv_vnni(x.view(np.uint8) if flip else x, *dense, direct, prows, parts, *tail,
+        kernels.conv_vnni(x.view(np.uint8) if flip else x, *dense, direct, prows, parts,
+                          kernels.KC4_BLOCK, *tail,
                           y, *res)
 
     if _implicit(problem, flip, plan.mode, packed.wzp):

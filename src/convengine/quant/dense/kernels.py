@@ -388,7 +388,7 @@ def work_split(m_total: int, lda: int, og: int, threads: int) -> tuple[int, int]
 
 @kernel(parallel=True)
 def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct, prows,
-              parts, mode, mult, bias_f, bias_i, zp, lo, hi, out, res, res_kind, res_params):
+              parts, kblock, mode, mult, bias_f, bias_i, zp, lo, hi, out, res, res_kind, res_params):
     """out[m, o] = epilogue(sum_k (a[m, k] - xzp)(w[o, k] - wzp[o])) via vpdpbusd.
 
     ``wp`` flat int8 (g, nb, kc4, 64, 4); ``wzp``, ``col_term`` (O,) int32 with
@@ -399,8 +399,9 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
     part of the column blocks (numba hands each thread a contiguous run of items).
     Column blocks of at most 16 or 32 channels use the narrow
     micro-kernels. For each
-    64-column block the K dimension runs in chunks of ``KC4_BLOCK * 4`` bytes whose
-    weights (16 KiB) stay in L1 across the panel's row blocks; int32 partial tiles of
+    64-column block the K dimension runs in chunks of ``kblock * 4`` bytes
+    (:data:`KC4_BLOCK`, an argument so that the machine code does not depend on the
+    host's cache sizes) whose weights stay in L1 across the panel's row blocks; int32 partial tiles of
     the panel accumulate in ``ctile``. In modes 0 and 1 with unit column stride the last
     chunk's micro-kernels requantize and store themselves (``wzp``, ``col_term``,
     ``mult`` and the mode's bias then hold 64 values of padding past O); else
@@ -441,11 +442,11 @@ def conv_vnni(x, flip, xzp, wp, wzp, col_term, geo, groups, kc, kc4, nb, direct,
                 ncol = min(NR, og - b * NR)
                 b_base = (g * nb + b) * kc4 * NR * 4
                 o0 = g * og + b * NR
-                for k0 in range(0, kc4, KC4_BLOCK):
-                    kn = min(KC4_BLOCK, kc4 - k0)
+                for k0 in range(0, kc4, kblock):
+                    kn = min(kblock, kc4 - k0)
                     keep = 1 if k0 > 0 else 0
                     b_off = b_base + k0 * NR * 4
-                    if fuse and k0 + KC4_BLOCK >= kc4:  # the last chunk: requantize, store
+                    if fuse and k0 + kblock >= kc4:  # the last chunk: requantize, store
                         if mode == 0:
                             _tiles_requant(bad, a, a0 + k0 * 4, lda, wp, b_off, kn, m0, m1,
                                            ncol, ctile, keep, out, ldo, o0, rows, col_term,

@@ -1,0 +1,193 @@
+"""Portable compile targets, and the shipped kernels compiled for them.
+
+numba compiles for the host CPU by default (its name and features), and its on-disk
+cache is keyed on them, so kernels compiled on one machine load on no other. A
+*target* is a portable CPU description (an x86-64 micro-architecture level plus
+features) that many CPUs cover: code compiled for it runs, and loads from a cache, on
+any of them. ``convengine build-cache --target NAME`` compiles a model suite's kernels
+for a target into a directory that a built wheel carries (``convengine/_shipped/
+<target>/``); at ``import convengine`` this module picks the shipped target the host
+matches (the one whose instruction-set level is the host's own: an AMX host compiles
+for itself rather than lose its AMX kernels), and sets ``NUMBA_CPU_NAME`` /
+``NUMBA_CPU_FEATURES`` for it before numba compiles anything, so that the shipped
+machine code loads (``_kernel_cache`` seeds the user's kernel cache from it).
+
+No target is used where the user chose one already (``NUMBA_CPU_NAME``,
+``NUMBA_CPU_FEATURES``, ``CONVENGINE_ISA``), where ``CONVENGINE_SHIPPED=0``, where no
+shipped directory fits this Python, or off Linux x86-64; then numba compiles for the
+host, as without shipped kernels. ``CONVENGINE_TARGET=NAME`` compiles for a target
+whether or not kernels were shipped for it (what ``build-cache`` runs).
+
+This module imports nothing heavy: it runs at ``import convengine``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+SHIPPED_ENV = "CONVENGINE_SHIPPED"  # "0": never use shipped kernels
+SHIPPED_DIR_ENV = "CONVENGINE_SHIPPED_DIR"  # where shipped targets lie (default: in the package)
+TARGET_ENV = "CONVENGINE_TARGET"  # compile for this target
+MANIFEST = "TARGET.json"
+_USER_CHOICES = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "CONVENGINE_ISA")
+
+_V3_FLAGS = ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave")
+_V4_FLAGS = (*_V3_FLAGS, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+
+
+class ShippedKernelWarning(UserWarning):
+    """Shipped kernels that do not fit this installation: compiled instead."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A portable compile target: LLVM's CPU name and feature string for numba, the
+    instruction-set level of convengine's kernels (``_host.ISA_LEVELS``) and the
+    ``/proc/cpuinfo`` flags a CPU needs to run its code."""
+
+    name: str
+    llvm_cpu: str
+    llvm_features: str
+    isa: str
+    flags: tuple[str, ...]
+
+
+TARGETS = {t.name: t for t in (
+    Target("x86-64-v3", "x86-64-v3", "+avx2,+fma", "avx2", _V3_FLAGS),
+    Target("x86-64-v4", "x86-64-v4", "+avx512f", "avx512", _V4_FLAGS),
+    Target("x86-64-v4-vnni", "x86-64-v4", "+avx512vnni", "avx512_vnni",
+           (*_V4_FLAGS, "avx512_vnni")),
+)}
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The first processor's flags in ``cpuinfo``; empty where there is none."""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def isa_level(flags: frozenset[str]) -> str:
+    """The instruction-set level (``_host.ISA_LEVELS``) of a CPU with ``flags``."""
+    if not set(_V3_FLAGS) <= flags:
+        return "none"
+    if not set(_V4_FLAGS) <= flags:
+        return "avx2"
+    if "avx512_vnni" not in flags:
+        return "avx512"
+    return "amx" if {"amx_int8", "amx_tile"} <= flags else "avx512_vnni"
+
+
+def runs_on(target: Target, flags: frozenset[str]) -> bool:
+    """Whether a CPU with ``flags`` runs ``target``'s code at its own level."""
+    return set(target.flags) <= flags and isa_level(flags) == target.isa
+
+
+def shipped_dir() -> Path:
+    """Where shipped targets lie: ``$CONVENGINE_SHIPPED_DIR``, else the package's
+    ``_shipped`` folder."""
+    own = os.environ.get(SHIPPED_DIR_ENV)
+    return Path(own) if own else Path(__file__).parent / "_shipped"
+
+
+def _manifest(folder: Path) -> dict[str, object] | None:
+    try:
+        data = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _python() -> str:
+    return f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def _choose(environ: dict[str, str] | os._Environ[str], flags: frozenset[str],
+            folder: Path) -> tuple[Target | None, Path | None]:
+    """(the target to compile for, the folder of its shipped kernels or None)."""
+    forced = environ.get(TARGET_ENV, "").strip()
+    if forced:
+        if forced not in TARGETS:
+            raise ValueError(f"${TARGET_ENV} must be one of {', '.join(TARGETS)}, got "
+                             f"{forced!r}")
+        chosen = [c for c in _USER_CHOICES if environ.get(c)]
+        if chosen:
+            raise ValueError(f"${TARGET_ENV}={forced} sets the compile target: unset "
+                             f"{', '.join('$' + c for c in chosen)}")
+        if not set(TARGETS[forced].flags) <= flags:
+            raise ValueError(f"${TARGET_ENV}={forced}: this CPU lacks "
+                             f"{sorted(set(TARGETS[forced].flags) - flags)}")
+        shipped = folder / forced
+        return TARGETS[forced], shipped if (shipped / MANIFEST).is_file() else None
+    if environ.get(SHIPPED_ENV, "").strip() == "0" or any(environ.get(c) for c in _USER_CHOICES):
+        return None, None
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, None
+    for target in TARGETS.values():
+        shipped = folder / target.name
+        if not runs_on(target, flags) or not (shipped / MANIFEST).is_file():
+            continue
+        manifest = _manifest(shipped)
+        if manifest is None or manifest.get("python") != _python():
+            _warn(f"the shipped kernels in {shipped} are for Python "
+                  f"{(manifest or {}).get('python', '(unreadable manifest)')}, not {_python()}: "
+                  "compiling for this CPU instead")
+            return None, None
+        return target, shipped
+    return None, None
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"convengine: {message}", ShippedKernelWarning, stacklevel=3)
+
+
+def _activate(target: Target) -> None:
+    """Make numba compile for ``target`` (before its first compilation)."""
+    os.environ["NUMBA_CPU_NAME"] = target.llvm_cpu
+    os.environ["NUMBA_CPU_FEATURES"] = target.llvm_features
+    config = sys.modules.get("numba.core.config")
+    if config is not None:  # numba imported already: read the variables again
+        config.reload_config()
+
+
+def drop(reason: str) -> None:
+    """Stop using the shipped kernels (they do not fit: ``reason``), one warning; the
+    compile target stays (numba may have compiled for it already)."""
+    global SHIPPED
+    if SHIPPED is not None:
+        _warn(f"the shipped kernels in {SHIPPED} are not used: {reason}; compiling "
+              "instead")
+    SHIPPED = None
+
+
+def manifest() -> dict[str, object]:
+    """The active shipped target's manifest (empty where there is none)."""
+    return (_manifest(SHIPPED) or {}) if SHIPPED is not None else {}
+
+
+def _numba_compiled_already() -> bool:
+    """Whether numba made its CPU target machine (at its first compilation) already:
+    then it compiles for the host whatever the variables say."""
+    registry = sys.modules.get("numba.core.registry")
+    cpu_target = getattr(registry, "cpu_target", None)
+    return cpu_target is not None and "_toplevel_target_context" in vars(cpu_target)
+
+
+ACTIVE, SHIPPED = _choose(os.environ, cpu_flags(), shipped_dir())
+if ACTIVE is not None and _numba_compiled_already():
+    _warn(f"numba compiled something before convengine was imported, for this CPU: not "
+          f"compiling for {ACTIVE.name} (import convengine first to use shipped kernels)")
+    ACTIVE = SHIPPED = None
+if ACTIVE is not None:
+    _activate(ACTIVE)
