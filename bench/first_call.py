@@ -29,7 +29,7 @@ from numba.core import event
 
 class Count(event.Listener):
     def __init__(self):
-        self.n, self.seconds, self._starts = 0, 0.0, []
+        self.n, self.seconds, self._starts, self.kernels = 0, 0.0, [], {}
     def on_start(self, ev):
         self._starts.append(time.perf_counter())
     def on_end(self, ev):
@@ -37,6 +37,10 @@ class Count(event.Listener):
         if not self._starts:  # outermost compilations only
             self.n += 1
             self.seconds += time.perf_counter() - t
+            fn = getattr((ev.data or {}).get("dispatcher"), "py_func", None)
+            tag = getattr(fn, "__globals__", {}).get("__kernel_tag__") or getattr(fn, "__module__", "?")
+            name = f"{tag}.{getattr(fn, '__name__', '?')}"
+            self.kernels[name] = round(self.kernels.get(name, 0) + time.perf_counter() - t, 2)
 
 from convengine.bench import suites
 import os
@@ -51,7 +55,8 @@ for name in SUITES:
         w = rng.standard_normal(layer.w, dtype=np.float32)
         ce.conv(x, w, **layer.conv_args())
     out[name] = {"first_pass_s": round(time.perf_counter() - t0, 3),
-                 "compiled": counter.n, "compile_s": round(counter.seconds, 2)}
+                 "compiled": counter.n, "compile_s": round(counter.seconds, 2),
+                 "kernels": counter.kernels}
     event.unregister("numba:compile", counter)
 out["total_s"] = round(time.perf_counter() - start, 3)
 print(json.dumps(out))

@@ -203,11 +203,11 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _first_run(shipped: Path, home: Path) -> dict[str, Any]:
+def _first_run(shipped: Path, home: Path, **extra: str) -> dict[str, Any]:
     """A new process with empty caches and ``shipped`` as the shipped folder."""
     env = _clean_env(CONVENGINE_SHIPPED_DIR=str(shipped),
                      CONVENGINE_KERNEL_DIR=str(home / "kernels"),
-                     CONVENGINE_CACHE_DIR=str(home / "cache"))
+                     CONVENGINE_CACHE_DIR=str(home / "cache"), **extra)
     root = Path(__file__).resolve().parent.parent
     res = subprocess.run([sys.executable, "-c", _RUN], env=env, cwd=root, capture_output=True,
                          text=True, timeout=900, check=False)
@@ -279,6 +279,21 @@ def test_shipped_kernels_of_another_numba_are_not_used(
     out = _first_run(copy, tmp_path / "home")
     assert out["compiled"] >= 1
     assert len(out["warnings"]) == 1 and "numba 0.1.0" in out["warnings"][0], out
+
+
+@pytest.mark.slow
+def test_a_lower_target_built_here_loads_where_it_is_asked_for(tmp_path: Path) -> None:
+    """x86-64-v3 (the AVX2 kernels) built on this CPU, whatever its level, through the
+    command: a process asking for that target (CONVENGINE_TARGET) loads it all."""
+    from convengine import cli
+
+    if not set(_targets.TARGETS["x86-64-v3"].flags) <= _targets.cpu_flags():
+        pytest.skip("the CPU cannot run x86-64-v3 code")
+    assert cli.main(["build-cache", "--target", "x86-64-v3", "--out", str(tmp_path / "shipped"),
+                     "--suite", "conv1d", "--dtype", "float32", "--no-tune"]) == 0
+    out = _first_run(tmp_path / "shipped", tmp_path / "home", CONVENGINE_TARGET="x86-64-v3")
+    assert out["cpu"] == "x86-64-v3"
+    assert out["compiled"] == 0 and out["warnings"] == [], out
 
 
 def test_the_build_cache_command_refuses_an_unknown_target(capsys: pytest.CaptureFixture[str]) -> None:
