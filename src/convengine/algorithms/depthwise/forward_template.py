@@ -60,7 +60,9 @@ def task(x, wk, y, buf, r0, r1, c0, sh, ph, pw, bias, act, bad):  # noqa: PLR091
         n, oh = r // oh_, r % oh_
         ih0 = oh * sh - ph
         yo = (n * oh_ + oh) * ow_ * c_ + c0
-        rows = 0  # the tap rows inside x
+        # the tap rows inside x (an int64 from the start: a literal 0 would have numba's
+        # first typing pass compile span and edge once more for it)
+        rows = np.int64(0)
         for i in range(KH):
             if 0 <= ih0 + i * DH < h_:
                 rows |= 1 << i

@@ -158,6 +158,9 @@ def fused(x, up, y, pad_h, pad_w, tiles_h, tiles_w, block, parts_k,  # noqa: PLR
     _, oh_, ow_, o_ = y.shape
     total, nkb, parts = n_ * tiles_h * tiles_w, up.shape[0], v_all.shape[0]
     parts_t = parts // parts_k
+    # the patch's and res's origin: an int64 variable, as n, h0 and w0 are (literal 0s
+    # would type, and compile, a second version of each transform: 2 s apiece)
+    zero = np.int64(0)
     if CHECKS:
         bad = violations()
     for p in prange(parts):
@@ -186,9 +189,9 @@ def fused(x, up, y, pad_h, pad_w, tiles_h, tiles_w, block, parts_k,  # noqa: PLR
                         inside = 0 <= ih < h_ and 0 <= iw < w_
                         for c in range(c_):
                             patch[0, k, j, c] = x[n, ih, iw, c] if inside else 0
-                if CHECKS and not in_inside(bad, PATCH, patch, 0, 0, 0, v, t, chk):
+                if CHECKS and not in_inside(bad, PATCH, patch, zero, zero, zero, v, t, chk):
                     continue
-                transform_in(patch, 0, 0, 0, tmp_in, v, t, chk)
+                transform_in(patch, zero, zero, zero, tmp_in, v, t, chk)
             for kb in range(pk * nkb // parts_k, (pk + 1) * nkb // parts_k):
                 for a in range(ALPHA2):
                     u_off = (kb * ALPHA2 + a) * c_ * WIDTH
@@ -215,9 +218,10 @@ def fused(x, up, y, pad_h, pad_w, tiles_h, tiles_w, block, parts_k,  # noqa: PLR
                             continue
                         transform_out(prod, t, tmp_out, y, n, h0, w0, k0, nc, chk)
                         continue
-                    if CHECKS and not out_inside(bad, prod, t, RES, res, 0, 0, 0, 0, nc, chk):
+                    if CHECKS and not out_inside(bad, prod, t, RES, res, zero, zero, zero, zero, nc,
+                                                  chk):
                         continue  # (and res, not written, is not copied)
-                    transform_out(prod, t, tmp_out, res, 0, 0, 0, 0, nc, chk)
+                    transform_out(prod, t, tmp_out, res, zero, zero, zero, zero, nc, chk)
                     for i in range(min(MH, oh_ - h0)):
                         for j in range(min(MW, ow_ - w0)):
                             for c in range(nc):
