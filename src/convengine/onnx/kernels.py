@@ -5,8 +5,7 @@ memory: one pass each instead of numpy's several (temporaries included).
   channels-last ``(N, *S, C)`` 8-bit, ``saturate(rint(x / s) + zp)``;
 - :func:`qlinear_add`: com.microsoft QLinearAdd of two equally shaped 8-bit arrays
   as :func:`convengine.onnx.qops._qlinear_add` computes it
-  (:func:`convengine.quant.dense.kernels.qadd_value`; numba caches this file's kernels keyed
-  on its own text: clear ``__pycache__`` after changing that one);
+  (:func:`convengine.quant.dense.kernels.qadd_value`);
 - :func:`max_pool_last`: MaxPool of channels-last ``(N, H, W, C)`` with (lo, hi)
   padding, stride and dilation, tap by tap over whole output rows (ResNet-50's 3x3/2
   pool on 112x112x64 uint8: 65 -> 30 us); padded taps never win;
