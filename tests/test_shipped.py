@@ -184,8 +184,10 @@ with warnings.catch_warnings(record=True) as caught:
         kw.pop("layout")
         ref = reference("forward", x.astype(np.float64), w.astype(np.float64), **kw)
         worst = max(worst, float(np.abs(y - ref).max() / np.abs(ref).max()))
+from convengine import _kernel_cache
 print(json.dumps({"compiled": Count.n, "worst": worst, "cpu": os.environ.get("NUMBA_CPU_NAME"),
-                  "warnings": [str(w.message) for w in caught]}))
+                  "warnings": [str(w.message) for w in caught],
+                  "described": _kernel_cache.describe_target()}))
 """
 
 
@@ -241,11 +243,13 @@ def test_shipped_kernels_load_in_a_new_process_without_compiling(
     before = kc.file_hashes(folder)
     out = _first_run(folder, tmp_path / "home")
     assert out["cpu"] == _targets.TARGETS[name].llvm_cpu
+    assert out["described"].startswith(f"{name} (LLVM ") and str(folder) in out["described"]
     assert out["compiled"] == 0, out
     assert out["warnings"] == []
     assert kc.file_hashes(folder) == before  # the install folder is only read
     control = _first_run(tmp_path / "nothing-shipped", tmp_path / "home2")
     assert control["cpu"] is None and control["compiled"] > 0  # the control compiles
+    assert control["described"].startswith("this CPU (")
 
 
 @pytest.mark.slow

@@ -662,6 +662,17 @@ def _import(tag: str, data: bytes, home: str, salt: bytes,
         return module
 
 
+def describe_target() -> str:
+    """What the kernels are compiled for, in words: a portable target (and where its
+    shipped kernels come from), or this CPU."""
+    name, features = compile_target()
+    target = _targets.ACTIVE
+    if target is None:
+        return f"this CPU ({name})"
+    shipped = f"shipped kernels from {_targets.SHIPPED}" if _targets.SHIPPED else "no shipped kernels"
+    return f"{target.name} (LLVM {name} {features}; {shipped})"
+
+
 def count() -> int:
     """How many kernel modules the cache holds."""
     return len(list(kernel_dir().glob("*.py")))

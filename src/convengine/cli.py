@@ -415,12 +415,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
             "cache": str(cache.path), "host": host, "convengine": version,
             "usable": cache.failure is None, "failure": cache.failure,
             "kernels": str(_kernel_cache.kernel_dir()), "kernel_count": _kernel_cache.count(),
+            "compiled_for": _kernel_cache.describe_target(),
             "entries": [{**e.to_json(), "stale": stale(e)} for e in entries],
         })
         if args.json != "-":
             unusable = f" (unusable: {cache.failure})" if cache.failure else ""
             print(f"cache: {cache.path}{unusable}")
-            print(f"kernels: {_kernel_cache.kernel_dir()} ({_kernel_cache.count()} compiled)")
+            print(f"kernels: {_kernel_cache.kernel_dir()} ({_kernel_cache.count()} compiled, "
+                  f"for {_kernel_cache.describe_target()})")
             print(f"host:  {host}\n")
             table = [[e.key, e.choice, _fmt_ms(e.results[e.choice]["median_s"]),
                       "stale" if stale(e) else "", _entry_cells(e)] for e in entries]
