@@ -92,6 +92,17 @@ def test_a_forced_target_is_checked(tmp_path: Path) -> None:
     env = {_targets.TARGET_ENV: "x86-64-v4", "NUMBA_CPU_NAME": "znver4"}
     with pytest.raises(ValueError, match="unset .NUMBA_CPU_NAME"):
         _targets._choose(env, VNNI, tmp_path)
+    with pytest.raises(ValueError, match="unset .CONVENGINE_ISA"):
+        _targets._choose({_targets.TARGET_ENV: "x86-64-v4", "CONVENGINE_ISA": "avx2"}, VNNI,
+                         tmp_path)
+    # what a parent process compiling for the target passes on: the same target
+    inherited = {_targets.TARGET_ENV: "x86-64-v4-vnni", "NUMBA_CPU_NAME": "x86-64-v4",
+                 "NUMBA_CPU_FEATURES": "+avx512vnni"}
+    folder = _folder(tmp_path / "shipped", "x86-64-v4-vnni")
+    assert _targets._choose(inherited, VNNI, folder) == (
+        _targets.TARGETS["x86-64-v4-vnni"], folder / "x86-64-v4-vnni")
+    assert _targets._choose({**inherited, "CONVENGINE_SHIPPED": "0"}, VNNI, folder) == (
+        _targets.TARGETS["x86-64-v4-vnni"], None)  # the target, not its shipped kernels
     with pytest.raises(ValueError, match="this CPU lacks"):
         _targets._choose({_targets.TARGET_ENV: "x86-64-v4"}, V3, tmp_path)
     assert _targets._choose({_targets.TARGET_ENV: "x86-64-v3"}, VNNI, tmp_path) == (
@@ -187,7 +198,9 @@ with warnings.catch_warnings(record=True) as caught:
 from convengine import _kernel_cache
 print(json.dumps({"compiled": Count.n, "worst": worst, "cpu": os.environ.get("NUMBA_CPU_NAME"),
                   "warnings": [str(w.message) for w in caught],
-                  "described": _kernel_cache.describe_target()}))
+                  "described": _kernel_cache.describe_target(),
+                  "passed_on": {k: os.environ[k] for k in ("CONVENGINE_TARGET", "NUMBA_CPU_NAME",
+                                                           "NUMBA_CPU_FEATURES") if k in os.environ}}))
 """
 
 
@@ -247,6 +260,10 @@ def test_shipped_kernels_load_in_a_new_process_without_compiling(
     assert out["compiled"] == 0, out
     assert out["warnings"] == []
     assert kc.file_hashes(folder) == before  # the install folder is only read
+    # a process it starts inherits the target (CONVENGINE_TARGET, NUMBA_CPU_*): it loads
+    # the shipped kernels too, into its own empty cache
+    child = _first_run(folder, tmp_path / "child", **out["passed_on"])
+    assert child["cpu"] == out["cpu"] and child["compiled"] == 0 and child["warnings"] == []
     control = _first_run(tmp_path / "nothing-shipped", tmp_path / "home2")
     assert control["cpu"] is None and control["compiled"] > 0  # the control compiles
     assert control["described"].startswith("this CPU (")

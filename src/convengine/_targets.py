@@ -16,7 +16,9 @@ No target is used where the user chose one already (``NUMBA_CPU_NAME``,
 ``NUMBA_CPU_FEATURES``, ``CONVENGINE_ISA``), where ``CONVENGINE_SHIPPED=0``, where no
 shipped directory fits this Python, or off Linux x86-64; then numba compiles for the
 host, as without shipped kernels. ``CONVENGINE_TARGET=NAME`` compiles for a target
-whether or not kernels were shipped for it (what ``build-cache`` runs).
+whether or not kernels were shipped for it (what ``build-cache`` runs); a process using
+a target sets it, with the target's ``NUMBA_CPU_*``, so that the processes it starts
+use the same target and shipped kernels.
 
 This module imports nothing heavy: it runs at ``import convengine``.
 """
@@ -113,38 +115,62 @@ def _python() -> str:
     return f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
+def _own_settings(target: Target) -> dict[str, str]:
+    """The variables that say what ``target`` says: set with ``$CONVENGINE_TARGET``
+    (by the user, or inherited from a parent process compiling for it), they agree."""
+    return {"NUMBA_CPU_NAME": target.llvm_cpu, "NUMBA_CPU_FEATURES": target.llvm_features,
+            "CONVENGINE_ISA": target.isa}
+
+
+def _forced(environ: dict[str, str] | os._Environ[str], name: str,
+            flags: frozenset[str]) -> Target:
+    """The target ``$CONVENGINE_TARGET`` names, checked against the other variables
+    (each unset or the target's own) and the CPU."""
+    if name not in TARGETS:
+        raise ValueError(f"${TARGET_ENV} must be one of {', '.join(TARGETS)}, got {name!r}")
+    target = TARGETS[name]
+    clash = [c for c, own in _own_settings(target).items()
+             if environ.get(c) and environ[c].strip().lower() != own.lower()]
+    if clash:
+        raise ValueError(f"${TARGET_ENV}={name} sets the compile target: unset "
+                         f"{', '.join('$' + c for c in clash)}")
+    if not set(target.flags) <= flags:
+        raise ValueError(f"${TARGET_ENV}={name}: this CPU lacks "
+                         f"{sorted(set(target.flags) - flags)}")
+    return target
+
+
+def _shipped_for(target: Target, folder: Path) -> Path | None:
+    """``folder``'s kernels for ``target`` if it has them for this Python (one warning
+    if they are for another, or unreadable)."""
+    shipped = folder / target.name
+    if not (shipped / MANIFEST).is_file():
+        return None
+    manifest = _manifest(shipped)
+    if manifest is None or manifest.get("python") != _python():
+        _warn(f"the shipped kernels in {shipped} are for Python "
+              f"{(manifest or {}).get('python', '(unreadable manifest)')}, not {_python()}: "
+              "compiling instead")
+        return None
+    return shipped
+
+
 def _choose(environ: dict[str, str] | os._Environ[str], flags: frozenset[str],
             folder: Path) -> tuple[Target | None, Path | None]:
     """(the target to compile for, the folder of its shipped kernels or None)."""
+    shipping = environ.get(SHIPPED_ENV, "").strip() != "0"
     forced = environ.get(TARGET_ENV, "").strip()
     if forced:
-        if forced not in TARGETS:
-            raise ValueError(f"${TARGET_ENV} must be one of {', '.join(TARGETS)}, got "
-                             f"{forced!r}")
-        chosen = [c for c in _USER_CHOICES if environ.get(c)]
-        if chosen:
-            raise ValueError(f"${TARGET_ENV}={forced} sets the compile target: unset "
-                             f"{', '.join('$' + c for c in chosen)}")
-        if not set(TARGETS[forced].flags) <= flags:
-            raise ValueError(f"${TARGET_ENV}={forced}: this CPU lacks "
-                             f"{sorted(set(TARGETS[forced].flags) - flags)}")
-        shipped = folder / forced
-        return TARGETS[forced], shipped if (shipped / MANIFEST).is_file() else None
-    if environ.get(SHIPPED_ENV, "").strip() == "0" or any(environ.get(c) for c in _USER_CHOICES):
+        target = _forced(environ, forced, flags)
+        return target, _shipped_for(target, folder) if shipping else None
+    if not shipping or any(environ.get(c) for c in _USER_CHOICES):
         return None, None
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         return None, None
     for target in TARGETS.values():
-        shipped = folder / target.name
-        if not runs_on(target, flags) or not (shipped / MANIFEST).is_file():
-            continue
-        manifest = _manifest(shipped)
-        if manifest is None or manifest.get("python") != _python():
-            _warn(f"the shipped kernels in {shipped} are for Python "
-                  f"{(manifest or {}).get('python', '(unreadable manifest)')}, not {_python()}: "
-                  "compiling for this CPU instead")
-            return None, None
-        return target, shipped
+        if runs_on(target, flags) and (folder / target.name / MANIFEST).is_file():
+            shipped = _shipped_for(target, folder)
+            return (target, shipped) if shipped is not None else (None, None)
     return None, None
 
 
@@ -153,9 +179,11 @@ def _warn(message: str) -> None:
 
 
 def _activate(target: Target) -> None:
-    """Make numba compile for ``target`` (before its first compilation)."""
+    """Make numba compile for ``target`` (before its first compilation), in this
+    process and in the child processes it starts (``$CONVENGINE_TARGET``)."""
     os.environ["NUMBA_CPU_NAME"] = target.llvm_cpu
     os.environ["NUMBA_CPU_FEATURES"] = target.llvm_features
+    os.environ[TARGET_ENV] = target.name
     config = sys.modules.get("numba.core.config")
     if config is not None:  # numba imported already: read the variables again
         config.reload_config()
