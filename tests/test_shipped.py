@@ -31,7 +31,7 @@ def _folder(tmp_path: Path, *names: str, python: str | None = None) -> Path:
     for name in names:
         (tmp_path / name).mkdir(parents=True)
         (tmp_path / name / _targets.MANIFEST).write_text(json.dumps(
-            {"target": name, "python": python or _targets._python(), "files": {}}))
+            {"target": name, "python": python or _targets.python_version(), "files": {}}))
     return tmp_path
 
 

@@ -101,13 +101,16 @@ def kernel_dir() -> Path:
     """``<cache dir>/kernels`` (``CONVENGINE_CACHE_DIR`` moves it, as for tuning), or
     ``$CONVENGINE_KERNEL_DIR`` (the test suite keeps a private tuning cache, but
     compiled kernels across runs); in a process compiling for a portable target
-    (``_targets``), its folder ``<target name>`` there, seeded with the kernels shipped
-    for that target on first use."""
+    (``_targets``), its folder ``<target name>`` there."""
     own = os.environ.get(KERNEL_DIR_VARIABLE)
     root = Path(own).expanduser() if own else config.cache_dir() / SUBDIR
-    if _targets.ACTIVE is None:
-        return root
-    root = root / _targets.ACTIVE.name
+    return root if _targets.ACTIVE is None else root / _targets.ACTIVE.name
+
+
+def _kernel_home() -> Path:
+    """:func:`kernel_dir`, where kernels are loaded from and saved to: seeded with the
+    active target's shipped kernels on first use in the process (:func:`_seed`)."""
+    root = kernel_dir()
     if _targets.SHIPPED is not None and root not in _SEEDED:
         with _LOCK:
             if root not in _SEEDED:
@@ -337,7 +340,7 @@ class _ModuleLocator(caching._CacheLocator):
     def get_cache_path(self) -> str:
         if self._path is None:
             digest = source_digest(self._module)[:20]
-            self._path = str(kernel_dir() / "modules" / f"{self._module}-{digest}")
+            self._path = str(_kernel_home() / "modules" / f"{self._module}-{digest}")
         return self._path
 
     def ensure_cache_path(self) -> None:
@@ -490,8 +493,8 @@ def _versions() -> dict[str, str]:
 def shipped_manifest(target: str, root: Path) -> dict[str, Any]:
     """The manifest of the kernels compiled into ``root`` for ``target``: the
     versions they are for and each file's hash."""
-    return {"target": target, "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
-            **_versions(), "files": file_hashes(root)}
+    return {"target": target, "python": _targets.python_version(), **_versions(),
+            "files": file_hashes(root)}
 
 
 def _safe_relative(name: object) -> bool:
@@ -528,8 +531,8 @@ def _seed(root: Path) -> None:
             if not _safe_relative(name):
                 bad.append(str(name))
                 continue
-            target = root / name
-            if target.exists():
+            dest = root / name
+            if dest.exists():
                 continue
             try:
                 data = (shipped / name).read_bytes()
@@ -539,7 +542,7 @@ def _seed(root: Path) -> None:
             if hashlib.sha256(data).hexdigest() != digest:
                 bad.append(name)
                 continue
-            _write(target, data, replace=False)
+            _write(dest, data, replace=False)
         root.mkdir(parents=True, exist_ok=True)
         marker.touch()
     except OSError as exc:  # a read-only or full cache: compile (privately if need be)
@@ -554,7 +557,7 @@ def _seed(root: Path) -> None:
 def _place(name: str, data: bytes) -> Path:
     """The path of a module file holding exactly ``data``: in the cache if it is (or
     can be made) right there, else in the private directory."""
-    path = kernel_dir() / name
+    path = _kernel_home() / name
     try:
         if path.read_bytes() == data:
             return path

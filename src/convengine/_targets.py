@@ -30,13 +30,14 @@ import os
 import platform
 import sys
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 SHIPPED_ENV = "CONVENGINE_SHIPPED"  # "0": never use shipped kernels
 SHIPPED_DIR_ENV = "CONVENGINE_SHIPPED_DIR"  # where shipped targets lie (default: in the package)
 TARGET_ENV = "CONVENGINE_TARGET"  # compile for this target
 MANIFEST = "TARGET.json"
+PACKAGED = Path(__file__).parent / "_shipped"  # the shipped targets a wheel carries
 _USER_CHOICES = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "CONVENGINE_ISA")
 
 _V3_FLAGS = ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave")
@@ -47,8 +48,7 @@ class ShippedKernelWarning(UserWarning):
     """Shipped kernels that do not fit this installation: compiled instead."""
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     """A portable compile target: LLVM's CPU name and feature string for numba, the
     instruction-set level of convengine's kernels (``_host.ISA_LEVELS``) and the
     ``/proc/cpuinfo`` flags a CPU needs to run its code."""
@@ -97,10 +97,9 @@ def runs_on(target: Target, flags: frozenset[str]) -> bool:
 
 
 def shipped_dir() -> Path:
-    """Where shipped targets lie: ``$CONVENGINE_SHIPPED_DIR``, else the package's
-    ``_shipped`` folder."""
+    """Where shipped targets lie: ``$CONVENGINE_SHIPPED_DIR``, else :data:`PACKAGED`."""
     own = os.environ.get(SHIPPED_DIR_ENV)
-    return Path(own) if own else Path(__file__).parent / "_shipped"
+    return Path(own) if own else PACKAGED
 
 
 def _manifest(folder: Path) -> dict[str, object] | None:
@@ -111,8 +110,22 @@ def _manifest(folder: Path) -> dict[str, object] | None:
     return data if isinstance(data, dict) else None
 
 
-def _python() -> str:
+def python_version() -> str:
+    """This Python's ``major.minor`` (what a manifest's kernels are for)."""
     return f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def lookup(name: str, flags: frozenset[str], what: str) -> Target:
+    """The target ``name`` (given as ``what``); ValueError if unknown or if a CPU with
+    ``flags`` cannot run its code."""
+    if name not in TARGETS:
+        raise ValueError(f"{what} must be one of {', '.join(TARGETS)}, got {name!r}")
+    target = TARGETS[name]
+    missing = set(target.flags) - flags
+    if missing:
+        raise ValueError(f"{what}={name}: this CPU cannot run {name} code (this CPU lacks "
+                         f"{', '.join(sorted(missing))})")
+    return target
 
 
 def _own_settings(target: Target) -> dict[str, str]:
@@ -124,19 +137,14 @@ def _own_settings(target: Target) -> dict[str, str]:
 
 def _forced(environ: dict[str, str] | os._Environ[str], name: str,
             flags: frozenset[str]) -> Target:
-    """The target ``$CONVENGINE_TARGET`` names, checked against the other variables
-    (each unset or the target's own) and the CPU."""
-    if name not in TARGETS:
-        raise ValueError(f"${TARGET_ENV} must be one of {', '.join(TARGETS)}, got {name!r}")
-    target = TARGETS[name]
+    """The target ``$CONVENGINE_TARGET`` names, checked against the CPU and the other
+    variables (each unset or the target's own)."""
+    target = lookup(name, flags, f"${TARGET_ENV}")
     clash = [c for c, own in _own_settings(target).items()
              if environ.get(c) and environ[c].strip().lower() != own.lower()]
     if clash:
         raise ValueError(f"${TARGET_ENV}={name} sets the compile target: unset "
                          f"{', '.join('$' + c for c in clash)}")
-    if not set(target.flags) <= flags:
-        raise ValueError(f"${TARGET_ENV}={name}: this CPU lacks "
-                         f"{sorted(set(target.flags) - flags)}")
     return target
 
 
@@ -147,9 +155,9 @@ def _shipped_for(target: Target, folder: Path) -> Path | None:
     if not (shipped / MANIFEST).is_file():
         return None
     manifest = _manifest(shipped)
-    if manifest is None or manifest.get("python") != _python():
+    if manifest is None or manifest.get("python") != python_version():
         _warn(f"the shipped kernels in {shipped} are for Python "
-              f"{(manifest or {}).get('python', '(unreadable manifest)')}, not {_python()}: "
+              f"{(manifest or {}).get('python', '(unreadable manifest)')}, not {python_version()}: "
               "compiling instead")
         return None
     return shipped

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _host, _kernel_cache, api, select, threads
+from . import _host, _kernel_cache, _targets, api, select, threads
 from ._version import __version__
 from .errors import ConvSetupError
 from .problem import PASSES, ConvProblem, make_problem
@@ -512,9 +512,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- parser
-
-
 # --------------------------------------------------------------------------- build-cache
 
 
@@ -525,7 +522,7 @@ def cmd_build_cache(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.target.split(",") if n.strip()]
     for name in names:  # every target checked before the first is built
         shipping.check_target(name)
-    out = Path(args.out) if args.out else shipping.default_out()
+    out = Path(args.out) if args.out else _targets.PACKAGED
     warmup_args = ["--suite", args.suite, "--dtype", args.dtype, "--pass", args.pass_,
                    "--quiet"] + (["--batch", args.batch] if args.batch else []) + (
                    [] if args.no_tune else ["--tune"])
@@ -539,6 +536,9 @@ def cmd_build_cache(args: argparse.Namespace) -> int:
         print(f"{built.target}: {built.files} files, {built.bytes / 2**20:.1f} MiB in "
               f"{built.folder} ({built.seconds:.0f} s)")
     return 0
+
+
+# --------------------------------------------------------------------------- parser
 
 
 def _common(p: argparse.ArgumentParser, json_help: str) -> None:

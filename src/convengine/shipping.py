@@ -44,15 +44,9 @@ class Built(NamedTuple):
 
 
 def check_target(name: str, flags: frozenset[str] | None = None) -> _targets.Target:
-    """The target ``name``; ValueError if unknown or if this CPU cannot run its code."""
-    if name not in _targets.TARGETS:
-        raise ValueError(f"target must be one of {', '.join(_targets.TARGETS)}, got {name!r}")
-    target = _targets.TARGETS[name]
-    missing = set(target.flags) - (_targets.cpu_flags() if flags is None else flags)
-    if missing:
-        raise ValueError(f"this CPU cannot run {name} code (it lacks {', '.join(sorted(missing))})"
-                         ": build that target on a CPU that has them")
-    return target
+    """The target ``name``; ValueError if unknown or if this CPU (``flags``: another's)
+    cannot run its code, which building it runs."""
+    return _targets.lookup(name, _targets.cpu_flags() if flags is None else flags, "target")
 
 
 # runs each ONNX model of argv once through a session, on random inputs of its shape
@@ -116,8 +110,3 @@ def build(name: str, out: Path, warmup_args: Sequence[str],
     size = sum((folder / f).stat().st_size for f in files)
     return Built(name, folder, len(files), size, time.perf_counter() - start)
 
-
-def default_out() -> Path:
-    """The package's ``_shipped`` folder: where a wheel built from this checkout takes
-    the kernels from."""
-    return Path(__file__).parent / "_shipped"
