@@ -35,6 +35,7 @@ from .algorithms.winograd import kernels as winograd
 from .finite import nonfinite
 from .problem import as_array, check_layout
 from .threads import get_num_threads
+from .tune import tuner
 
 CONV_ARGS = frozenset({"stride", "padding", "dilation", "groups"})
 Kernel = Callable[[np.ndarray, "np.ndarray | None", str], np.ndarray]
@@ -145,22 +146,25 @@ class PreparedConv:
 
     def _kernel(self, x: np.ndarray) -> Kernel:
         """``kernel(x) -> y`` for x's shape and the current thread count: the
-        heuristic's algorithm, its weights packed once. (Not the tuner's: it would
-        benchmark every conv on the first call, and a choice it stored while the host
-        was busy can be several times slower: measured here, a MobileNetV2 1x1 layer
-        on flat_gemm at 0.26 ms where blocked takes 0.08.)"""
+        heuristic's algorithm, its weights packed once, with the parameters
+        ``convengine tune`` found for it (:func:`convengine.tune.tuned_variant`: the
+        cache only). (Not the tuner's algorithm: it would benchmark every conv on the
+        first call, and a choice it stored while the host was busy can be several
+        times slower: measured here, a MobileNetV2 1x1 layer on flat_gemm at 0.26 ms
+        where blocked takes 0.08.)"""
         w = self.weights()
         problem = builders.forward_problem(x, w, layout="NHWC", **self.args)
-        algo = heuristic.heuristic(problem)
+        algo = tuner.tuned_variant(problem, heuristic.heuristic(problem))
+        chosen = dict(algo.params)
         if algo.name == "blocked":
-            nr = blocked.VEC * blocked.panel_vectors(problem.out_channels)
+            nr = blocked.VEC * chosen.get("nvec", blocked.panel_vectors(problem.out_channels))
             wp = self._pack(("blocked", nr), lambda: blocked.pack_weight(w, problem.ndim, nr))
             bias = None
             if self.bias is not None:
                 bias = np.zeros(wp.shape[0] * nr, np.float32)
                 bias[:self.bias.size] = self.bias
             y_shape = problem.y_shape("NHWC")
-            forward = blocked.bind_forward(problem, wp, bias)
+            forward = blocked.bind_forward(problem, wp, bias, params=chosen)
 
             def run_blocked(x: np.ndarray, residual: np.ndarray | None, act: str
                             ) -> np.ndarray:
@@ -181,7 +185,7 @@ class PreparedConv:
             def run_winograd(x: np.ndarray, residual: np.ndarray | None, act: str
                              ) -> np.ndarray:
                 x = np.ascontiguousarray(x)
-                y = winograd.winograd_fwd(problem, x, up, m)
+                y = winograd.winograd_fwd(problem, x, up, m, chosen)
                 # None: x held NaN or infinity; the direct loops place them as IEEE does
                 return self._epilogue(direct.run(problem, x, w) if y is None else y,
                                       residual, act)

@@ -13,22 +13,29 @@ channels-last form and dtype. Bias is not the kernel's business.
 An algorithm may also register ``prepare(problem) -> fn`` (or None), with ``fn(a, b)``
 doing what ``run(problem, a, b)`` does: the API keeps ``fn`` with a remembered call, so
 that a plan ``run`` would look up on every call is looked up once.
+
+An algorithm with parameters the tuner may choose registers ``tunables(problem) ->``
+:data:`convengine.params.Space`; its ``run`` and ``prepare`` then take a keyword
+``params`` (a mapping, absent: the defaults), and :meth:`Algorithm.variant` binds one
+choice of them.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, cast
 
 import numpy as np
 
 from . import devices
+from . import params as tunable
 from .errors import ConvSetupError
 from .problem import PASSES, ConvProblem
 
 Supports = Callable[[ConvProblem], "str | None"]
+Tunables = Callable[[ConvProblem], tunable.Space]
 Run = Callable[[ConvProblem, np.ndarray, np.ndarray], np.ndarray]
 
 
@@ -50,7 +57,9 @@ class Algorithm:
     reason it cannot. ``workspace_bytes(problem)`` bounds its scratch memory beyond
     the inputs and the output. ``exact`` is False for reduced-precision algorithms
     (Winograd, low-precision accumulation); ``accuracy`` orders algorithms for
-    tie-breaks (higher is more accurate).
+    tie-breaks (higher is more accurate). ``tunables`` (None: none) gives the
+    parameters the tuner may set on a problem; ``params`` are those this object runs
+    with (:meth:`variant`), ``label`` names both.
     """
 
     name: str
@@ -63,6 +72,32 @@ class Algorithm:
     accuracy: int = 1
     numpy_math: bool = True  # runs numpy arithmetic: its FP warnings are silenced around it
     prepare: Callable[[ConvProblem], Bound | None] | None = None
+    tunables: Tunables | None = None
+    params: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The name, with the parameters set (``blocked[tasks=4]``)."""
+        return tunable.label(self.name, dict(self.params))
+
+    def space(self, problem: ConvProblem) -> tunable.Space:
+        """The parameters the tuner may set on ``problem`` (empty: none)."""
+        return {} if self.tunables is None else self.tunables(problem)
+
+    def variant(self, chosen: tunable.Params) -> Algorithm:
+        """This algorithm running with the parameters ``chosen`` (a ValueError names
+        one it does not have); no parameters: the registered algorithm itself."""
+        if not chosen:
+            return self
+        if self.tunables is None:
+            raise ValueError(f"algorithm {self.name!r} has no tunable parameters, "
+                             f"got {dict(chosen)}")
+        fixed = dict(chosen)
+        return replace(
+            self, run=functools.partial(cast(Any, self.run), params=fixed),
+            prepare=None if self.prepare is None else functools.partial(cast(Any, self.prepare),
+                                                                        params=fixed),
+            params=tuple(sorted(fixed.items())))
 
     def bind(self, problem: ConvProblem) -> Bound:
         """``fn(a, b)`` running this algorithm on ``problem``: ``prepare(problem)``
@@ -86,11 +121,12 @@ def register(
     accuracy: int = 1,
     numpy_math: bool = True,
     prepare: Callable[[ConvProblem], Bound | None] | None = None,
+    tunables: Tunables | None = None,
 ) -> Callable[[Run], Run]:
     """Decorator registering ``run`` as algorithm ``name`` for ``pass_``.
     ``numpy_math=False`` for kernels that run compiled code only: the API then skips
     silencing numpy's floating-point warnings around them (a few us a call).
-    ``prepare``: see the module docstring."""
+    ``prepare`` and ``tunables``: see the module docstring."""
     if pass_ not in PASSES:
         raise ValueError(f"unknown pass {pass_!r}; expected one of {PASSES}")
 
@@ -98,7 +134,7 @@ def register(
         global _generation
         _REGISTRY[pass_][name] = Algorithm(name, pass_, run, supports, workspace_bytes,
                                            exact, deterministic, accuracy, numpy_math,
-                                           prepare)
+                                           prepare, tunables)
         _generation += 1
         return run
 

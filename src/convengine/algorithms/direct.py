@@ -31,6 +31,7 @@ from numba.extending import overload
 
 from .. import memory
 from .._kernel_cache import kernel
+from ..params import Params, Space
 from ..problem import ConvProblem
 from ..registry import Bound, Run, register
 from ._common import too_large
@@ -286,12 +287,13 @@ def direct_backward_data(dy, wt, dx, geo):
 
 
 def backward_data_plan(
-    problem: ConvProblem,
+    problem: ConvProblem, params: Params | None = None,
 ) -> depthwise.DepthwisePlan | depthwise_data.DepthwiseDataPlan | None:
     """A depthwise backward-data plan: at stride 1 the forward kernels with the taps
     reversed, else (or where those do not serve) the gathering kernel; None if
     neither serves."""
-    return depthwise.backward_data_plan(problem) or depthwise_data.backward_data_plan(problem)
+    return (depthwise.backward_data_plan(problem, params)
+            or depthwise_data.backward_data_plan(problem, params))
 
 
 def _slices(problem: ConvProblem) -> int:
@@ -355,17 +357,36 @@ def _backward_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray) -> np.
     return np.ascontiguousarray(dw.reshape(problem.w_shape("NHWC")), dtype=dtype)
 
 
-def _planned(plan_of: Callable[[ConvProblem], Bound | None], loops: Run) -> Run:
+PlanOf = Callable[[ConvProblem, "Params | None"], "Bound | None"]
+
+
+def _planned(plan_of: PlanOf, loops: Run) -> Callable[..., np.ndarray]:
     """A pass of ``direct``: the generated kernels' plan where ``plan_of`` finds one,
     else the loop nests above."""
-    def run(problem: ConvProblem, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        plan = plan_of(problem)
+    def run(problem: ConvProblem, a: np.ndarray, b: np.ndarray,
+            params: Params | None = None) -> np.ndarray:
+        plan = plan_of(problem, params)
         return loops(problem, a, b) if plan is None else plan(a, b)
     return run
+
+
+def _serial_choice(plan_of: PlanOf) -> Callable[[ConvProblem], Space]:
+    """The depthwise plans' one parameter, ``serial`` (:func:`.depthwise.forward.serial_param`),
+    the multiply-add rule's answer first; none where the plans do not serve or
+    cannot share the work out (one thread, one row)."""
+    def space(problem: ConvProblem) -> Space:
+        default = plan_of(problem, None)
+        alone, shared = plan_of(problem, {"serial": 1}), plan_of(problem, {"serial": 0})
+        if default is None or alone == shared:
+            return {}
+        serial = int(default == alone)
+        return {"serial": (serial, 1 - serial)}
+    return space
 
 
 for _pass, _plan_of, _loops in (("forward", forward_plan, _forward),
                                 ("backward_data", backward_data_plan, _backward_data),
                                 ("backward_weight", backward_weight_plan, _backward_weight)):
     register("direct", _pass, supports=_supports, workspace_bytes=_workspace, accuracy=2,
-             numpy_math=False, prepare=_plan_of)(_planned(_plan_of, _loops))
+             numpy_math=False, prepare=_plan_of, tunables=_serial_choice(_plan_of))(
+        _planned(_plan_of, _loops))

@@ -19,6 +19,7 @@ from .tuner import (
     set_tuning,
     tune,
     tune_problem,
+    tuned_variant,
 )
 
 __all__ = [
@@ -38,5 +39,6 @@ __all__ = [
     "set_tuning",
     "tune",
     "tune_problem",
+    "tuned_variant",
     "tuning_key",
 ]

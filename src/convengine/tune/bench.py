@@ -43,6 +43,9 @@ MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 15, 0.5
 MARGIN = 0.15  # the fastest replaces the heuristic's pick only when this much faster
 QUIET = 0.25  # ... and the runs of both spread less than this around their medians
 BUSY = 0.15  # ... and other processes took less than this share of the host's CPU time
+# a parameter's other value (the same algorithm: same arithmetic, no accuracy at stake)
+# replaces the current one when this much faster, with both spreads under PARAM_QUIET
+PARAM_MARGIN, PARAM_QUIET = 0.08, 0.10
 
 # What one candidate measured: {"median_s", "runs", "eliminated"} or {"error"}.
 Result = dict[str, Any]
@@ -105,8 +108,9 @@ def _disagreements(
 
 def benchmark(problem: ConvProblem, candidates: Sequence[Algorithm],
               keep: str | None = None) -> dict[str, Result]:
-    """Warm up, check and time each candidate; one :data:`Result` per name. ``keep``
-    (the heuristic's pick) is timed every round, never eliminated."""
+    """Warm up, check and time each candidate; one :data:`Result` per label (the
+    name, with parameters set: :attr:`Algorithm.label`). ``keep`` (the heuristic's
+    pick) is timed every round, never eliminated."""
     a, b = operands(problem)
     results: dict[str, Result] = {}
     outputs: dict[str, np.ndarray] = {}
@@ -114,17 +118,17 @@ def benchmark(problem: ConvProblem, candidates: Sequence[Algorithm],
         try:
             out = algo.run(problem, a, b)
         except Exception as exc:  # noqa: BLE001 - a failing candidate is recorded, not fatal
-            results[algo.name] = {"error": _error(exc)}
+            results[algo.label] = {"error": _error(exc)}
             continue
         reason = _check(problem, out)
         if reason:
-            results[algo.name] = {"error": reason}
+            results[algo.label] = {"error": reason}
         else:
-            outputs[algo.name] = out
-    results.update(_disagreements(outputs, {c.name: c.accuracy for c in candidates}))
+            outputs[algo.label] = out
+    results.update(_disagreements(outputs, {c.label: c.accuracy for c in candidates}))
     del outputs
-    alive = [c for c in candidates if c.name not in results]
-    times: dict[str, list[float]] = {c.name: [] for c in alive}
+    alive = [c for c in candidates if c.label not in results]
+    times: dict[str, list[float]] = {c.label: [] for c in alive}
     host_before = _cpu_seconds()
     eliminated: set[str] = set()
     spent, rounds = 0.0, 0
@@ -134,18 +138,18 @@ def benchmark(problem: ConvProblem, candidates: Sequence[Algorithm],
             try:
                 algo.run(problem, a, b)
             except Exception as exc:  # noqa: BLE001 - flaky candidates are failures too
-                results[algo.name] = {"error": _error(exc)}
+                results[algo.label] = {"error": _error(exc)}
             dt = time.perf_counter() - start
-            times[algo.name].append(dt)
+            times[algo.label].append(dt)
             spent += dt
         rounds += 1
-        alive = [c for c in alive if c.name not in results]
+        alive = [c for c in alive if c.label not in results]
         if alive:
-            best = min(median(times[c.name]) for c in alive)
+            best = min(median(times[c.label]) for c in alive)
             limit = (ELIMINATE_FIRST if rounds == 1 else ELIMINATE) * best
-            slow = {c.name for c in alive if median(times[c.name]) > limit and c.name != keep}
+            slow = {c.label for c in alive if median(times[c.label]) > limit and c.label != keep}
             eliminated |= slow
-            alive = [c for c in alive if c.name not in slow]
+            alive = [c for c in alive if c.label not in slow]
         if len(alive) <= 1 and rounds >= MIN_ROUNDS:
             break  # nothing left to compare
     others = _others_share(host_before, _cpu_seconds())
@@ -197,11 +201,13 @@ def timed_candidates(candidates: Sequence[Algorithm]) -> list[Algorithm]:
     return others or list(candidates)
 
 
-def decide(results: Mapping[str, Result], ranked: Sequence[str], default: str) -> tuple[str, str]:
+def decide(results: Mapping[str, Result], ranked: Sequence[str], default: str,
+           margin: float = MARGIN, quiet: float = QUIET) -> tuple[str, str]:
     """(choice, why): ``ranked[0]`` where it beats ``default`` (the heuristic's pick)
-    by ``MARGIN`` on a quiet host (or ``default`` failed or was eliminated), else
-    ``default``; ``why`` is "faster", "agrees", "margin" (too close to call) or
-    "noisy" (the runs spread too much to trust)."""
+    by ``margin`` on a quiet host, the runs of both spread under ``quiet`` (or
+    ``default`` failed or was eliminated), else ``default``; ``why`` is "faster",
+    "agrees", "margin" (too close to call) or "noisy" (the runs spread too much to
+    trust)."""
     best = ranked[0]
     mine = results.get(default, {})
     if best == default:
@@ -211,9 +217,9 @@ def decide(results: Mapping[str, Result], ranked: Sequence[str], default: str) -
     if "median_s" not in mine or mine.get("eliminated"):
         return best, "faster"
     spreads = (results[best].get("spread", 0.0), mine.get("spread", 0.0))
-    if max(spreads) > QUIET:
+    if max(spreads) > quiet:
         return default, "noisy"
-    if results[best]["median_s"] * (1 + MARGIN) > mine["median_s"]:
+    if results[best]["median_s"] * (1 + margin) > mine["median_s"]:
         return default, "margin"
     return best, "faster"
 

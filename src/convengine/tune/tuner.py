@@ -9,6 +9,13 @@ Modes (``set_tuning`` or the ``CONVENGINE_TUNING`` environment variable):
   measurement too noisy to trust is not stored (this process keeps the heuristic,
   a later one measures again).
 - ``"cache-only"``: cached choices, else the heuristic; never benchmarks.
+
+The explicit requests (:func:`tune`, ``convengine tune``, ``warmup --tune``) also
+search the chosen algorithm's parameters (:mod:`convengine.params`): one parameter at
+a time, its other values timed against the current choice, a value kept only where it
+wins by the same margin on a quiet host (:func:`search`). The stored choice is then a
+label such as ``blocked[tasks=4]``. A first call's tuning times algorithms only, at
+their cost-model defaults: a search multiplies the first call's timings.
 """
 
 from __future__ import annotations
@@ -16,11 +23,11 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .. import config, environment, exactness, registry, threads
+from .. import config, environment, exactness, params, registry, threads
 from ..config import cache_dir
 from ..heuristic import heuristic
 from ..problem import ConvProblem
@@ -70,20 +77,45 @@ def ident(problem: ConvProblem) -> Ident:
     return (key, keys.host_signature(), keys.version(), keys.candidate_checksum(problem.pass_))
 
 
-def _accuracy(pass_: str) -> dict[str, int]:
-    """Tie-break score: ``accuracy``, then exact before inexact at equal accuracy."""
-    return {a.name: 2 * a.accuracy + a.exact for a in registry.all_for(pass_)}
+def _accuracy(pass_: str, labels: Iterable[str]) -> dict[str, int]:
+    """Tie-break score of each label: its algorithm's ``accuracy``, then exact before
+    inexact at equal accuracy."""
+    score = {a.name: 2 * a.accuracy + a.exact for a in registry.all_for(pass_)}
+    return {lab: score.get(_base(lab), 0) for lab in labels}
+
+
+def _base(label: str) -> str:
+    """The algorithm name of a label ("" where it is malformed)."""
+    try:
+        return params.parse(label)[0]
+    except ValueError:
+        return ""
+
+
+def variant(label: str, problem: ConvProblem) -> Algorithm | None:
+    """The registered algorithm a label names, with its parameters, where it serves
+    this exact problem and accepts them on it; else None (problems of one bucket can
+    differ in what an algorithm supports and in its parameters' ranges)."""
+    try:
+        name, chosen = params.parse(label)
+    except ValueError:
+        return None
+    algo = next((a for a in registry.all_for(problem.pass_) if a.name == name), None)
+    if (algo is None or algo.supports(problem) is not None
+            or not exactness.eligible(algo, problem)):
+        return None
+    if chosen and (algo.tunables is None or params.check(algo.space(problem), chosen)):
+        return None
+    return algo.variant(chosen)
 
 
 def pick(entry: Entry, problem: ConvProblem) -> Algorithm | None:
-    """The best measured algorithm of ``entry`` that serves this exact problem
-    (problems of one bucket can differ in what an algorithm supports)."""
-    registered = {a.name: a for a in registry.all_for(problem.pass_)}
-    ranked = bench.rank(entry.results, _accuracy(problem.pass_))
-    for name in [entry.choice, *ranked]:
-        algo = registered.get(name)
-        if (algo is not None and algo.supports(problem) is None
-                and exactness.eligible(algo, problem)):
+    """The best measured algorithm (with its parameters) of ``entry`` that serves
+    this exact problem."""
+    ranked = bench.rank(entry.results, _accuracy(problem.pass_, entry.results))
+    for label in [entry.choice, *ranked]:
+        algo = variant(label, problem)
+        if algo is not None:
             return algo
     return None
 
@@ -107,12 +139,22 @@ class TuneResult:
         return None if self.choice is None else self.results[self.choice]["median_s"]
 
 
-def tune_problem(problem: ConvProblem, *, force: bool = False) -> TuneResult:
-    """Benchmark the candidates of one problem (unless cached) and store the result.
+def _searched(entry: Entry, algo: Algorithm, problem: ConvProblem) -> bool:
+    """Whether ``entry`` holds a parameter search of ``algo`` (or it has nothing to
+    search on ``problem``)."""
+    return (not params.alternatives(algo.space(problem))
+            or any(_base(lab) == algo.name and lab != algo.name for lab in entry.results))
+
+
+def tune_problem(problem: ConvProblem, *, force: bool = False,
+                 search: bool = False) -> TuneResult:
+    """Benchmark the candidates of one problem (unless cached) and store the result;
+    with ``search``, also the chosen algorithm's parameters (:func:`_search`).
 
     Ignores the mode: this is the explicit request to measure. Empty problems
     (batch 0) are skipped. A cached entry of the problem's bucket is used when one
-    of its measured algorithms serves this exact problem; ``choice`` is that one."""
+    of its measured algorithms serves this exact problem (and, with ``search``, holds
+    a search of its parameters); ``choice`` is that one's label."""
     if not isinstance(problem, ConvProblem):
         raise TypeError(f"problem must be a ConvProblem, got {type(problem).__name__}")
     cache, key = default_cache(), ident(problem)
@@ -122,16 +164,27 @@ def tune_problem(problem: ConvProblem, *, force: bool = False) -> TuneResult:
         entry = None if force else cache.get(key)
         cached = None if entry is None else pick(entry, problem)
         if entry is not None and cached is not None:  # else: measure this very problem
-            return TuneResult(problem, key[0], cached.name, entry.results, "cache")
-        candidates = [a for a in registry.all_for(problem.pass_)
-                      if a.supports(problem) is None and exactness.eligible(a, problem)]
-
-        default = heuristic(problem).name
-        results = bench.benchmark(problem, bench.timed_candidates(candidates), keep=default)
-        ranked = bench.rank(results, _accuracy(problem.pass_))
-        if not ranked:
-            return TuneResult(problem, key[0], None, results, "tuned")
-        choice, why = bench.decide(results, ranked, default)
+            if not search or _searched(entry, registry.get(cached.name, problem.pass_),
+                                       problem):
+                return TuneResult(problem, key[0], cached.label, entry.results, "cache")
+            results, choice, why = dict(entry.results), cached.label, "cached"
+        else:
+            candidates = [a for a in registry.all_for(problem.pass_)
+                          if a.supports(problem) is None and exactness.eligible(a, problem)]
+            default = heuristic(problem).name
+            results = bench.benchmark(problem, bench.timed_candidates(candidates),
+                                      keep=default)
+            ranked = bench.rank(results, _accuracy(problem.pass_, results))
+            if not ranked:
+                return TuneResult(problem, key[0], None, results, "tuned")
+            choice, why = bench.decide(results, ranked, default)
+        if why != "noisy" and search:
+            chosen = variant(choice, problem)
+            if chosen is not None:
+                found, searched = _search(problem, chosen)
+                results.update(searched)
+                if found.label != choice:
+                    choice, why = found.label, "faster"
         if why == "noisy":
             _noisy[key] = choice
             return TuneResult(problem, key[0], choice, results, "noisy", why)
@@ -139,6 +192,37 @@ def tune_problem(problem: ConvProblem, *, force: bool = False) -> TuneResult:
         cache.put([Entry(key[0], problem.pass_, key[1], key[2], key[3], choice,
                          results, problem.describe())])
         return TuneResult(problem, key[0], choice, results, "tuned", why)
+
+
+def _search(problem: ConvProblem, start: Algorithm) -> tuple[Algorithm, dict[str, Any]]:
+    """(the best variant found, every timing): from ``start``, one parameter at a time,
+    each of its other values timed against the current best, a value kept where
+    :func:`bench.decide` takes it over the current best (faster by ``PARAM_MARGIN``,
+    runs spread under ``PARAM_QUIET``, on a quiet host; a comparison too noisy to
+    trust keeps the current value)."""
+    base = registry.get(start.name, problem.pass_)
+    space = base.space(problem)
+    current, results = start, {}
+    for key, values in space.items():
+        if len(values) < 2:
+            continue
+        mine = dict(current.params)
+        tried = [base.variant(_without_defaults(space, {**mine, key: v}))
+                 for v in values if v != params.value(space, mine, key)]
+        found = bench.benchmark(problem, [current, *tried], keep=current.label)
+        results.update(found)
+        ranked = bench.rank(found, _accuracy(problem.pass_, found))
+        if not ranked:
+            continue
+        label, _ = bench.decide(found, ranked, current.label, bench.PARAM_MARGIN,
+                                bench.PARAM_QUIET)
+        current = variant(label, problem) or current
+    return current, results
+
+
+def _without_defaults(space: params.Space, chosen: params.Params) -> dict[str, int]:
+    """``chosen`` without the parameters at their defaults (a label names the others)."""
+    return {k: v for k, v in chosen.items() if v != space[k][0]}
 
 
 def choose(problem: ConvProblem) -> Algorithm | None:
@@ -156,6 +240,21 @@ def choose(problem: ConvProblem) -> Algorithm | None:
     if entry is None:
         return None
     return pick(entry, problem)
+
+
+def tuned_variant(problem: ConvProblem, algo: Algorithm) -> Algorithm:
+    """``algo`` with the parameters the tuning cache holds for ``problem`` where the
+    stored choice is ``algo`` itself (under either layout: the kernels see
+    channels-last operands either way); else ``algo``. Never benchmarks; tuning
+    ``off``: ``algo``. For callers that choose the algorithm themselves."""
+    if get_tuning() == "off" or problem.batch == 0:
+        return algo
+    other = "NCHW" if problem.layout == "NHWC" else "NHWC"
+    for p in (problem, replace(problem, layout=other)):
+        entry = default_cache().get(ident(p))
+        if entry is not None and _base(entry.choice) == algo.name:
+            return variant(entry.choice, problem) or algo
+    return algo
 
 
 def explain_choice(problem: ConvProblem) -> tuple[Algorithm | None, str, dict[str, str]]:
@@ -189,9 +288,11 @@ def _progress(items: list[ConvProblem], enabled: bool | None) -> Iterable[ConvPr
 
 
 def tune(
-    problems: Iterable[ConvProblem], *, force: bool = False, progress: bool | None = None
+    problems: Iterable[ConvProblem], *, force: bool = False, progress: bool | None = None,
+    search: bool = True,
 ) -> list[TuneResult]:
-    """Pre-tune a list of problems (e.g. a model's layers), one result each.
+    """Pre-tune a list of problems (e.g. a model's layers), one result each: the
+    algorithm, then (``search``) its parameters.
 
     Cached problems are not measured again unless ``force``. ``progress``: show a
     bar (default: when stderr is a terminal).
@@ -200,4 +301,4 @@ def tune(
     for i, p in enumerate(items):
         if not isinstance(p, ConvProblem):
             raise TypeError(f"problems[{i}] must be a ConvProblem, got {type(p).__name__}")
-    return [tune_problem(p, force=force) for p in _progress(items, progress)]
+    return [tune_problem(p, force=force, search=search) for p in _progress(items, progress)]

@@ -34,6 +34,7 @@ from ... import host_params, memory
 from ..._host import ACCUMULATORS, VECTOR_BYTES, VECTOR_REGISTERS
 from ..._kernel_cache import instantiate, kernel
 from ...epilogue_codes import CPU_STORE, Activation, names
+from ...params import Params, Space
 from ...problem import ConvProblem
 from ...registry import register
 from ...threads import get_num_threads
@@ -48,6 +49,7 @@ from ..weight_cache import WeightCache, is_transient
 from . import strided
 
 TASKS_PER_THREAD = 8  # parallel tasks per thread, at least (a balanced share)
+TASK_CHOICES = (2, 4, 8, 16)  # ... the values the tuner may try instead
 # packed weights of recent calls (matched bit-exactly on w): packing is a strided copy
 # of every weight, about as long as a batch-1 layer's kernel. Each entry holds the
 # packed panels and a copy of w; a whole ResNet-50 takes 190 MB (380 MB with its
@@ -551,7 +553,8 @@ def _workspace(problem: ConvProblem) -> int:
 
 
 def bind_forward(problem: ConvProblem, wp: np.ndarray, bias: np.ndarray | None = None,
-                 *, nr: int | None = None, walk: WeightWalk | None = None
+                 *, nr: int | None = None, walk: WeightWalk | None = None,
+                 params: Params | None = None
                  ) -> Callable[[np.ndarray, np.ndarray | None, str], np.ndarray]:
     """``run(x, residual, activation) -> y``: the forward conv of x (N, *S, C) by
     packed weights wp (:func:`pack_weight`), or by weights wp laid out as ``walk``
@@ -560,8 +563,10 @@ def bind_forward(problem: ConvProblem, wp: np.ndarray, bias: np.ndarray | None =
     the inference epilogue in its store: ``act(conv + bias [+ residual])``, bias (O',)
     float32 zero-padded to the panels' channels O' (None: no bias), residual (N,
     *S_out, O) float32 C-contiguous or None, activation one of
-    ``EPILOGUE_ACTIVATIONS``. Everything but the call itself is worked out here, once:
-    a batch-1 network calls each conv for tens of microseconds."""
+    ``EPILOGUE_ACTIVATIONS``. ``params``: the task split's tunable parameters
+    (``tasks``, ``inside``: :func:`tunables`; the panel width is ``wp``'s). Everything
+    but the call itself is worked out here, once: a batch-1 network calls each conv
+    for tens of microseconds."""
     shape = tuple(problem.y_shape("NHWC"))
     lead = 2 - problem.ndim
     shape4 = (shape[0], *(1,) * lead, *shape[1:])  # y as (N, OH, OW, O)
@@ -573,9 +578,11 @@ def bind_forward(problem: ConvProblem, wp: np.ndarray, bias: np.ndarray | None =
     if bias is None:
         bias = np.zeros(blocks * nr, np.float32)
     tiles = -(-problem.batch * math.prod(problem.out_size) // gather_rows(nvec))
-    inside = wp.nbytes <= BLOCKS_INSIDE_BYTES
-    split = (_per_task(tiles, 1 if inside else blocks), inside, *walk)
-    streaming = _streams(shape, nr, inside)
+    chosen = params or {}
+    inside = bool(chosen.get("inside", wp.nbytes <= BLOCKS_INSIDE_BYTES))
+    tasks = chosen.get("tasks", TASKS_PER_THREAD)
+    split = (_per_task(tiles, 1 if inside else blocks, tasks), inside, *walk)
+    streaming = _streams(shape, nr, inside, chosen.get("stream"))
     driver, wf = _gather_driver(nvec, streaming), wp.reshape(-1)
     ndim, padding = problem.ndim, problem.padding
     padded = any(p != (0, 0) for p in padding)
@@ -592,34 +599,65 @@ def bind_forward(problem: ConvProblem, wp: np.ndarray, bias: np.ndarray | None =
     return run
 
 
-def _streams(y_shape: tuple[int, ...], nr: int, blocks_inside: bool) -> bool:
+def _streams(y_shape: tuple[int, ...], nr: int, blocks_inside: bool,
+             force: int | None = None) -> bool:
     """Whether the forward stores y ``(..., O)`` non-temporally, in panels of ``nr``
     channels (``blocks_inside``: a task writes all of a pixel's panels at once): y of
-    STREAMING_BYTES or more whose every pixel starts a 64-byte line, and whose lines
+    STREAMING_BYTES or more (``force`` 0 or 1: whatever its size) whose every pixel
+    starts a 64-byte line (:func:`_may_stream`), and whose lines
     are each written within a short time: each panel covers whole lines, or the
     panels of a pixel follow one another. A line that two panels share (AVX2's
     24-channel panels: 96 bytes) written panel by panel over the whole output was
     written in halves far apart in time, each half leaving the write-combining buffers
     alone: ResNet-50's 64 -> 256 1x1 at batch 8 56x56 ran 9.9 ms streamed and 5.8 not
     (Zen 3, 2 threads, caches flushed; 42 against 71 GMAC/s)."""
+    large = 4 * math.prod(y_shape) >= STREAMING_BYTES if force is None else bool(force)
+    return _may_stream(y_shape[-1], nr, blocks_inside) and large
+
+
+def _may_stream(channels: int, nr: int, blocks_inside: bool) -> bool:
+    """Whether every pixel of y starts a 64-byte line and its lines are written at
+    once (see :func:`_streams`)."""
     line = memory.ALIGN // 4
-    return (y_shape[-1] % line == 0 and (nr % line == 0 or blocks_inside)
-            and 4 * math.prod(y_shape) >= STREAMING_BYTES)
+    return channels % line == 0 and (nr % line == 0 or blocks_inside)
 
 
 def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray,
              bias: np.ndarray | None = None, residual: np.ndarray | None = None,
              activation: str = "none", *, nr: int | None = None,
-             walk: WeightWalk | None = None) -> np.ndarray:
+             walk: WeightWalk | None = None, params: Params | None = None) -> np.ndarray:
     """:func:`bind_forward`'s conv, bound and run once."""
-    return bind_forward(problem, wp, bias, nr=nr, walk=walk)(x, residual, activation)
+    return bind_forward(problem, wp, bias, nr=nr, walk=walk, params=params)(
+        x, residual, activation)
 
 
-def _per_task(tiles: int, blocks: int) -> int:
-    """Micro-tiles per parallel task: enough tasks (``TASKS_PER_THREAD`` per thread,
+def _per_task(tiles: int, blocks: int, tasks_per_thread: int = TASKS_PER_THREAD) -> int:
+    """Micro-tiles per parallel task: enough tasks (``tasks_per_thread`` per thread,
     each of one output-channel block) for a balanced share."""
-    groups = min(tiles, -(-TASKS_PER_THREAD * get_num_threads() // blocks))
+    groups = min(tiles, -(-tasks_per_thread * get_num_threads() // blocks))
     return -(-tiles // max(1, groups))
+
+
+def tunables(problem: ConvProblem) -> Space:
+    """The forward's parameters, the cost-model default first: ``nvec``, vectors per
+    micro-tile (:func:`panel_vectors`); ``tasks``, parallel tasks per thread (at
+    least: ``TASKS_PER_THREAD``, small enough to balance a thread's share, large
+    enough that each task's panel stays in cache); ``inside``, whether a task writes
+    every output-channel block of its tiles (weights within ``BLOCKS_INSIDE_BYTES``,
+    L1d) or one block across tiles; ``stream``, whether y is stored non-temporally
+    (from ``STREAMING_BYTES``, a quarter of L3), where y's lines allow it."""
+    nvec = panel_vectors(problem.out_channels)
+    nr = VEC * nvec
+    weights = -(-problem.out_channels // nr) * nr * math.prod(problem.kernel) * problem.in_channels
+    inside = int(4 * weights <= BLOCKS_INSIDE_BYTES)
+    space: Space = {
+        "nvec": (nvec, *(v for v in NVECS if v != nvec)),
+        "tasks": (TASKS_PER_THREAD, *(t for t in TASK_CHOICES if t != TASKS_PER_THREAD)),
+        "inside": (inside, 1 - inside)}
+    if _may_stream(problem.out_channels, nr, bool(inside)):
+        stream = int(_streams(tuple(problem.y_shape("NHWC")), nr, bool(inside)))
+        space["stream"] = (stream, 1 - stream)
+    return space
 
 
 def run_into(out: np.ndarray, first: tuple[int, ...], step: tuple[int, ...],
@@ -643,12 +681,13 @@ def run_into(out: np.ndarray, first: tuple[int, ...], step: tuple[int, ...],
 
 
 @register("blocked", "forward", supports=_supports, workspace_bytes=_workspace, accuracy=2,
-          numpy_math=False)
-def blocked_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    nr = VEC * panel_vectors(problem.out_channels)
+          numpy_math=False, tunables=tunables)
+def blocked_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray,
+                params: Params | None = None) -> np.ndarray:
+    nr = VEC * (params or {}).get("nvec", panel_vectors(problem.out_channels))
     wp, _ = PACKED.get(w, ("forward", problem.ndim, nr),
                        lambda w: pack_weight(w, problem.ndim, nr))
-    return _forward(problem, x, wp)
+    return _forward(problem, x, wp, params=params)
 
 
 def _supports_bwd_data(problem: ConvProblem) -> str | None:

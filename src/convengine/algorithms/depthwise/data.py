@@ -32,9 +32,17 @@ import numpy as np
 from numba import prange
 
 from ..._kernel_cache import kernel
+from ...params import Params
 from ...problem import ConvProblem
 from ...threads import get_num_threads
-from .forward import NOALIAS, _as2d, _cache_line_aligned, one_per_channel, output_buffer
+from .forward import (
+    NOALIAS,
+    _as2d,
+    _cache_line_aligned,
+    one_per_channel,
+    output_buffer,
+    serial_param,
+)
 
 # Below this many multiply-adds the calling thread does it all (the threshold the
 # forward kernels had before their border rows stopped taking the masked-load assist;
@@ -145,7 +153,8 @@ class DepthwiseDataPlan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=256)
-def _backward_data_plan(problem: ConvProblem, threads: int) -> DepthwiseDataPlan | None:
+def _backward_data_plan(problem: ConvProblem, threads: int,
+                        force_serial: int | None) -> DepthwiseDataPlan | None:
     if not one_per_channel(problem):  # any kernel size: nothing is unrolled per tap
         return None
     n, c = problem.batch, problem.in_channels
@@ -155,7 +164,8 @@ def _backward_data_plan(problem: ConvProblem, threads: int) -> DepthwiseDataPlan
     geometry = (*_as2d(problem.stride, 1), *_as2d(tuple(lo for lo, _ in problem.padding), 0),
                 *_as2d(problem.dilation, 1))
     rows = n * h_
-    if threads == 1 or rows == 1 or math.prod(dy4) * kh_ * kw_ < SERIAL_MACS:
+    if threads == 1 or rows == 1 or (math.prod(dy4) * kh_ * kw_ < SERIAL_MACS
+                                     if force_serial is None else force_serial):
         kernel, parts = _serial, 1
     else:
         kernel, parts = _parallel, min(threads, rows)
@@ -163,7 +173,8 @@ def _backward_data_plan(problem: ConvProblem, threads: int) -> DepthwiseDataPlan
                 (h_, w_, *geometry, parts), n * h_ * w_ * c)
 
 
-def backward_data_plan(problem: ConvProblem) -> DepthwiseDataPlan | None:
+def backward_data_plan(problem: ConvProblem,
+                       params: Params | None = None) -> DepthwiseDataPlan | None:
     """The plan computing dx from (dy, w) for a depthwise problem at any stride, or
-    None if this kernel does not serve it."""
-    return _backward_data_plan(problem, get_num_threads())
+    None if this kernel does not serve it; ``params``: :func:`.forward.serial_param`."""
+    return _backward_data_plan(problem, get_num_threads(), serial_param(params))

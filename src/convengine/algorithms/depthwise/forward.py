@@ -43,6 +43,7 @@ from ... import host_params, memory
 from ..._kernel_cache import Source, instantiate, load
 from ...checked import CHECKED, within  # noqa: F401  (CHECKED: read by the generated span/edge)
 from ...epilogue_codes import Activation
+from ...params import Params
 from ...problem import ConvProblem
 from ...threads import get_num_threads
 from ..fma import (  # VECTOR_BYTES: 16 float32 or 8 float64 (AVX2: 8, 4)
@@ -631,7 +632,8 @@ def _as2d(values: tuple[int, ...], lead: int) -> tuple[int, int]:
 
 
 def _plan(problem: ConvProblem, x_size: tuple[int, ...], y_size: tuple[int, ...],
-          pad: tuple[int, ...], flip: bool, stride: tuple[int, ...]) -> DepthwisePlan:
+          pad: tuple[int, ...], flip: bool, stride: tuple[int, ...],
+          force_serial: int | None) -> DepthwisePlan:
     n, c = problem.batch, problem.in_channels
     kh_, kw_ = _as2d(problem.kernel, 1)
     sh, sw = _as2d(stride, 1)
@@ -644,7 +646,8 @@ def _plan(problem: ConvProblem, x_size: tuple[int, ...], y_size: tuple[int, ...]
                  and c * itemsize % (NVEC * VECTOR_BYTES) == 0)
     parallel, serial = depthwise2d_kernel(kh_, kw_, sw, dh, dw, streaming)
     threads = get_num_threads()
-    alone = threads == 1 or math.prod(y4) * kh_ * kw_ < SERIAL_MACS
+    alone = threads == 1 or (math.prod(y4) * kh_ * kw_ < SERIAL_MACS if force_serial is None
+                             else bool(force_serial))
     if alone:
         kernel, parts = serial, (1, 1)
     else:
@@ -654,15 +657,18 @@ def _plan(problem: ConvProblem, x_size: tuple[int, ...], y_size: tuple[int, ...]
 
 
 @functools.lru_cache(maxsize=256)
-def _forward_plan(problem: ConvProblem, threads: int) -> DepthwisePlan | None:
+def _forward_plan(problem: ConvProblem, threads: int,
+                  force_serial: int | None) -> DepthwisePlan | None:
     if not _served(problem):
         return None
     pad = tuple(lo for lo, _ in problem.padding)
-    return _plan(problem, problem.in_size, problem.out_size, pad, False, problem.stride)
+    return _plan(problem, problem.in_size, problem.out_size, pad, False, problem.stride,
+                 force_serial)
 
 
 @functools.lru_cache(maxsize=256)
-def _backward_data_plan(problem: ConvProblem, threads: int) -> DepthwisePlan | None:
+def _backward_data_plan(problem: ConvProblem, threads: int,
+                        force_serial: int | None) -> DepthwisePlan | None:
     # at stride 1, dx is the forward conv of dy with the flipped kernel, padded by
     # extent - 1 - pad on the low side (needs every pad below the kernel's extent)
     extents = problem.effective_kernel
@@ -670,14 +676,24 @@ def _backward_data_plan(problem: ConvProblem, threads: int) -> DepthwisePlan | N
             and all(max(p) < e for p, e in zip(problem.padding, extents))):
         return None
     pad = tuple(e - 1 - lo for e, (lo, _) in zip(extents, problem.padding))
-    return _plan(problem, problem.out_size, problem.in_size, pad, True, problem.stride)
+    return _plan(problem, problem.out_size, problem.in_size, pad, True, problem.stride,
+                 force_serial)
 
 
-def forward_plan(problem: ConvProblem) -> DepthwisePlan | None:
-    """The plan for a depthwise forward pass, or None if these kernels do not serve it."""
-    return _forward_plan(problem, get_num_threads())
+def serial_param(params: Params | None) -> int | None:
+    """The ``serial`` parameter of the depthwise plans: 1 all on the calling thread, 0
+    shared out among the threads, None (absent) by the multiply-add count
+    (``SERIAL_MACS``: below it, starting the threads costs more than they save)."""
+    return None if not params or "serial" not in params else int(params["serial"])
 
 
-def backward_data_plan(problem: ConvProblem) -> DepthwisePlan | None:
+def forward_plan(problem: ConvProblem, params: Params | None = None) -> DepthwisePlan | None:
+    """The plan for a depthwise forward pass, or None if these kernels do not serve
+    it; ``params``: :func:`serial_param`."""
+    return _forward_plan(problem, get_num_threads(), serial_param(params))
+
+
+def backward_data_plan(problem: ConvProblem,
+                       params: Params | None = None) -> DepthwisePlan | None:
     """The plan computing dx from (dy, w) at stride 1, or None."""
-    return _backward_data_plan(problem, get_num_threads())
+    return _backward_data_plan(problem, get_num_threads(), serial_param(params))

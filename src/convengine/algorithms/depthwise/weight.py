@@ -39,10 +39,11 @@ from numba.extending import intrinsic
 
 from ..._host import ACCUMULATORS
 from ..._kernel_cache import instantiate
+from ...params import Params
 from ...problem import ConvProblem
 from ...threads import get_num_threads
 from ..fma import prefetch, splat, vector_ops
-from .forward import MAX_TAPS, _as2d, _served
+from .forward import MAX_TAPS, _as2d, _served, serial_param
 
 # vectors of channels per register block: its KH*KW x NVEC accumulators stay in
 # registers (2 with AVX-512, 1 with AVX2)
@@ -262,7 +263,8 @@ class DepthwiseWeightPlan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=256)
-def _backward_weight_plan(problem: ConvProblem, threads: int) -> DepthwiseWeightPlan | None:
+def _backward_weight_plan(problem: ConvProblem, threads: int,
+                          force_serial: int | None) -> DepthwiseWeightPlan | None:
     if not _served(problem):
         return None
     n, c = problem.batch, problem.in_channels
@@ -278,7 +280,7 @@ def _backward_weight_plan(problem: ConvProblem, threads: int) -> DepthwiseWeight
     band = max(1, BAND_BYTES // ((dy4[2] + sh * x4[2]) * c * problem.compute_dtype.itemsize))
     small = (math.prod(dy4) * kh_ * kw_ < SERIAL_MACS
              and (math.prod(x4) + math.prod(dy4)) * problem.compute_dtype.itemsize < SERIAL_BYTES)
-    if threads == 1 or rows == 1 or small:
+    if threads == 1 or rows == 1 or (small if force_serial is None else force_serial):
         kernel, parts = serial, 1
     else:
         kernel, parts = parallel, min(threads, rows)
@@ -286,7 +288,8 @@ def _backward_weight_plan(problem: ConvProblem, threads: int) -> DepthwiseWeight
                 (sh, ph, pw, dh, band, parts))
 
 
-def backward_weight_plan(problem: ConvProblem) -> DepthwiseWeightPlan | None:
+def backward_weight_plan(problem: ConvProblem,
+                         params: Params | None = None) -> DepthwiseWeightPlan | None:
     """The plan computing dw from (x, dy) for a depthwise problem, or None if these
-    kernels do not serve it."""
-    return _backward_weight_plan(problem, get_num_threads())
+    kernels do not serve it; ``params``: :func:`.forward.serial_param`."""
+    return _backward_weight_plan(problem, get_num_threads(), serial_param(params))

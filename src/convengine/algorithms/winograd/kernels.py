@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ from numba import prange
 from ... import _kernel_cache, host_params, memory, registry
 from ..._kernel_cache import Source, instantiate, load
 from ...finite import nonfinite
+from ...params import Params, Space
 from ...problem import ConvProblem
 from ...registry import register
 from ...threads import get_num_threads
@@ -263,23 +265,53 @@ def _tiles(problem: ConvProblem, m: int) -> tuple[int, int]:
     return -(-oh // m) if problem.ndim == 2 else 1, -(-problem.out_size[-1] // m)
 
 
-def _plan(problem: ConvProblem, m: int) -> tuple[int, int, int]:
+def _split_k(problem: ConvProblem, m: int) -> int | None:
+    """Whether the threads split the output channels (1) or the tiles (0) by default:
+    channels when the tiles are too few to share out (each thread then reads only its
+    share of the transformed weights); None where there is no choice (one thread, or
+    fewer channel blocks than threads)."""
+    parts = get_num_threads()
+    th, tw = _tiles(problem, m)
+    nkb = -(-problem.out_channels // nr(problem.compute_dtype.itemsize))
+    if parts == 1 or nkb < parts:
+        return None
+    return int(problem.batch * th * tw < parts * SPLIT_K_TILES)
+
+
+def tunables(m: int) -> Callable[[ConvProblem], Space]:
+    """The parameters of F(m, 3), the cost-model default first: ``block_kib``, the
+    KiB of transformed tiles and products per block (``BLOCK_BYTES``, half of L2) or
+    a quarter, half or twice it; ``split_k`` (:func:`_split_k`) where it is a choice."""
+    def space(problem: ConvProblem) -> Space:
+        fwd = backward_data_as_forward(problem) if problem.pass_ == "backward_data" else problem
+        kib = BLOCK_BYTES >> 10
+        chosen: Space = {"block_kib": (kib, kib // 4, kib // 2, kib * 2)}
+        split = _split_k(fwd, m)
+        if split is not None:
+            chosen["split_k"] = (split, 1 - split)
+        return chosen
+    return space
+
+
+def _plan(problem: ConvProblem, m: int, params: Params | None = None) -> tuple[int, int, int]:
     """(parts, parts_k, block): one part per thread; the output channels are split
-    over the threads (parts_k = parts) when the tiles are too few to share out
-    (each thread then reads only its share of the transformed weights); tiles go
-    through the GEMMs ``block`` at a time, a multiple of the micro-kernel's rows
-    with about BLOCK_BYTES of transformed tiles and products, or REUSE_TILES when the
-    thread's share of the packed weights does not stay in its cache."""
+    over the threads (parts_k = parts) as :func:`_split_k` says (or ``params``);
+    tiles go through the GEMMs ``block`` at a time, a multiple of the micro-kernel's
+    rows with about BLOCK_BYTES (or ``params["block_kib"]``) of transformed tiles and
+    products, or REUSE_TILES when the thread's share of the packed weights does not
+    stay in its cache."""
+    chosen = params or {}
     parts = get_num_threads()
     th, tw = _tiles(problem, m)
     total = problem.batch * th * tw
     width = nr(problem.compute_dtype.itemsize)
     nkb = -(-problem.out_channels // width)
-    split_k = parts > 1 and nkb >= parts and total < parts * SPLIT_K_TILES
-    parts_k = parts if split_k else 1
+    split_k = bool(chosen.get("split_k", _split_k(problem, m) or 0))
+    parts_k = parts if split_k and parts > 1 and nkb >= parts else 1
     share = max(1, -(-total // (parts // parts_k)))  # batch 0: the plan of one tile
     alpha2, itemsize = (m + 2) ** problem.ndim, problem.compute_dtype.itemsize
-    most = BLOCK_BYTES // (alpha2 * (problem.in_channels + width) * itemsize)
+    block_bytes = chosen.get("block_kib", BLOCK_BYTES >> 10) << 10
+    most = block_bytes // (alpha2 * (problem.in_channels + width) * itemsize)
     if alpha2 * problem.in_channels * nkb * width * itemsize > CACHED_U_BYTES * parts_k:
         most = max(most, REUSE_TILES)
     most = max(MR, most // MR * MR)
@@ -302,10 +334,10 @@ def _workspace(m: int):
 
 
 def winograd_fwd(problem: ConvProblem, x: np.ndarray, up: np.ndarray,
-                 m: int) -> np.ndarray | None:
+                 m: int, params: Params | None = None) -> np.ndarray | None:
     """Forward conv of channels-last x (N, *S, C) by F(m, 3) with packed transformed
-    weights up (:func:`packed_transform`); None if an output is NaN or infinite (x held
-    one, or the transforms overflowed)."""
+    weights up (:func:`packed_transform`), ``params`` as :func:`tunables` names them;
+    None if an output is NaN or infinite (x held one, or the transforms overflowed)."""
     fused = kernel(problem.ndim, m, x.dtype)
     x4 = x.reshape(x.shape[0], 1, *x.shape[1:]) if problem.ndim == 1 else x
     y = memory.empty(problem.y_shape("NHWC"), dtype=x.dtype)
@@ -313,7 +345,7 @@ def winograd_fwd(problem: ConvProblem, x: np.ndarray, up: np.ndarray,
     pad_h = problem.padding[0][0] if problem.ndim == 2 else 0
     pad_w = problem.padding[-1][0]
     tiles_h, tiles_w = _tiles(problem, m)
-    parts, parts_k, block = _plan(problem, m)
+    parts, parts_k, block = _plan(problem, m, params)
     width = up.shape[-1]
     v = np.empty((parts, up.shape[1], block, problem.in_channels), x.dtype)
     prod = np.empty((parts, up.shape[1], block, width), x.dtype)
@@ -322,27 +354,30 @@ def winograd_fwd(problem: ConvProblem, x: np.ndarray, up: np.ndarray,
     return None if nonfinite(check) else y
 
 
-def _run(problem: ConvProblem, a: np.ndarray, w: np.ndarray, m: int) -> np.ndarray:
+def _run(problem: ConvProblem, a: np.ndarray, w: np.ndarray, m: int,
+         params: Params | None = None) -> np.ndarray:
     """Forward, or backward-data as the forward conv of dy with the flipped,
     channel-swapped kernel (whose transform is cached against the unflipped w).
     NaN/inf anywhere: the direct loops, which put them where IEEE arithmetic does."""
     if problem.pass_ == "backward_data":
         u, special = WEIGHT_CACHE.get(
             w, (m, "flipped"), lambda w: packed_transform(flipped_view(w), m))
-        out = None if special else winograd_fwd(backward_data_as_forward(problem), a, u, m)
+        out = None if special else winograd_fwd(backward_data_as_forward(problem), a, u, m,
+                                                params)
     else:
         u, special = WEIGHT_CACHE.get(w, (m, "forward"), lambda w: packed_transform(w, m))
-        out = None if special else winograd_fwd(problem, a, u, m)
+        out = None if special else winograd_fwd(problem, a, u, m, params)
     return registry.get("direct", problem.pass_).run(problem, a, w) if out is None else out
 
 
 def _register(name: str, m: int, accuracy: int) -> None:
-    def run(problem: ConvProblem, a: np.ndarray, w: np.ndarray) -> np.ndarray:
-        return _run(problem, a, w, m)
+    def run(problem: ConvProblem, a: np.ndarray, w: np.ndarray,
+            params: Params | None = None) -> np.ndarray:
+        return _run(problem, a, w, m, params)
 
     for pass_ in ("forward", "backward_data"):
         register(name, pass_, supports=_supports, workspace_bytes=_workspace(m),
-                 exact=False, accuracy=accuracy)(run)
+                 exact=False, accuracy=accuracy, tunables=tunables(m))(run)
 
 
 _register("winograd", 2, accuracy=1)
