@@ -12,7 +12,8 @@ Serves forward, float32, dense (groups 1), 1-D and 2-D (output channels that are
 a multiple of VEC padded with zero weights, the padded lanes not stored); backward-data:
 at stride 1 as the forward conv of dy with the flipped kernel (the stride-1 transpose
 rule), at larger strides (dilation 1, input channels a multiple of VEC) as one such
-conv per phase of the stride (:mod:`.strided`). The micro-kernel
+conv per phase of the stride (:mod:`.strided`), with fewer than 8 input channels (the
+stems) as dot products along dy's channels (:mod:`.narrow`). The micro-kernel
 spells out its vectors in the host's width (``VEC`` float32 lanes: 16 with AVX-512,
 ``llvm.fma.v16f32``, where LLVM's own choice would be 256-bit vectors; 8 with AVX2).
 """
@@ -46,7 +47,7 @@ from .._transforms import (
 )
 from ..fma import prefetch, row_pointers, splat, store_rows, vector_ops
 from ..weight_cache import WeightCache, is_transient
-from . import strided
+from . import narrow, strided
 
 TASKS_PER_THREAD = 8  # parallel tasks per thread, at least (a balanced share)
 TASK_CHOICES = (2, 4, 8, 16)  # ... the values the tuner may try instead
@@ -690,12 +691,20 @@ def blocked_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray,
     return _forward(problem, x, wp, params=params)
 
 
+def _narrow(problem: ConvProblem) -> bool:
+    """Strided backward-data with few input channels: :mod:`.narrow`'s."""
+    return any(s != 1 for s in problem.stride) and narrow.reason(problem) is None
+
+
 def _supports_bwd_data(problem: ConvProblem) -> str | None:
     if all(s == 1 for s in problem.stride):
         reason = backward_data_as_forward_reason(problem)
         if reason is not None:
             return f"{reason} (served via the stride-1 transpose rule)"
         return _supports(backward_data_as_forward(problem))
+    if _narrow(problem):
+        return dense_float32_2d(problem) or too_large(problem, narrow.workspace(problem),
+                                                      "the transposed weights")
     reason = strided.reason(problem)
     if reason is not None:
         return f"{reason} (strided backward-data runs by phases)"
@@ -706,14 +715,16 @@ def _supports_bwd_data(problem: ConvProblem) -> str | None:
 def _workspace_bwd_data(problem: ConvProblem) -> int:
     if all(s == 1 for s in problem.stride):
         return _workspace(backward_data_as_forward(problem))
+    if _narrow(problem):
+        return narrow.workspace(problem)
     return strided.workspace(problem)
 
 
 @register("blocked", "backward_data", supports=_supports_bwd_data,
           workspace_bytes=_workspace_bwd_data, accuracy=2, numpy_math=False)
 def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Stride 1: the forward conv of dy with the flipped kernel; else by phases
-    (:mod:`.strided`)."""
+    """Stride 1: the forward conv of dy with the flipped kernel; few input channels:
+    :mod:`.narrow`; else by phases (:mod:`.strided`)."""
     nr = VEC * panel_vectors(problem.in_channels)
     if all(s == 1 for s in problem.stride):
         forward = backward_data_as_forward(problem)
@@ -724,6 +735,8 @@ def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.
         wp, _ = PACKED.get(w, ("flipped", problem.ndim, nr),
                            lambda w: pack_weight(flipped_view(w), problem.ndim, nr))
         return _forward(forward, dy, wp)
+    if _narrow(problem):
+        return narrow.backward_data(problem, dy, w)
     steps, dy_pads = strided.plan(problem)
     dx = (memory.empty if len(steps) == math.prod(problem.stride) else memory.zeros)(
         problem.x_shape("NHWC"), np.float32)
