@@ -706,10 +706,14 @@ def _supports_bwd_data(problem: ConvProblem) -> str | None:
         return dense_float32_2d(problem) or too_large(problem, narrow.workspace(problem),
                                                       "the transposed weights")
     reason = strided.reason(problem)
-    if reason is not None:
-        return f"{reason} (strided backward-data runs by phases)"
-    return _supports(backward_data_as_forward(problem), padded_channels=False) or too_large(
-        problem, strided.workspace(problem), "the phases' dy copies and weights")
+    if reason is None:
+        reason = _supports(backward_data_as_forward(problem), padded_channels=False) or \
+            too_large(problem, strided.workspace(problem), "the phases' dy copies and weights")
+    else:
+        reason = f"{reason} (strided backward-data runs by phases)"
+    if reason is not None and problem.in_channels < narrow.MAX_CHANNELS:
+        reason = f"{reason}; {narrow.reason(problem)}"
+    return reason
 
 
 def _workspace_bwd_data(problem: ConvProblem) -> int:
