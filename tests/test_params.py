@@ -112,6 +112,26 @@ def test_every_blocked_forward_variant_matches_the_reference(x_shape, w_shape, c
         assert_close(_run(p, label, x, w, **conv), expected, "float32", label)
 
 
+@pytest.mark.parametrize(("pass_", "x_shape", "w_shape", "conv", "expected_keys"), [
+    ("backward_data", (2, 9, 10, 32), (48, 3, 3, 32), {"padding": 1},
+     {"nvec", "tasks", "inside", "stream"}),
+    ("backward_weight", (2, 9, 10, 64), (48, 3, 3, 64), {"padding": 1},
+     {"chunk_kib", "nvec"}),
+    ("backward_weight", (2, 31, 31, 3), (64, 7, 7, 3), {"stride": 2, "padding": 3},
+     {"chunk_kib", "nvec"}),  # the stem: blocks over a row's taps
+])
+def test_every_blocked_backward_variant_matches_the_reference(pass_, x_shape, w_shape, conv,
+                                                              expected_keys):
+    rng = np.random.default_rng(3)
+    p = make_problem(pass_, x_shape, w_shape, dtype="float32", layout="NHWC", **conv)
+    labels = _every_variant("blocked", p)
+    assert {next(iter(params.parse(lab)[1])) for lab in labels} == expected_keys
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in _operands(p, rng))
+    expected = _expected(p, a, b, **conv)
+    for label in ["blocked", *labels]:
+        assert_close(_run(p, label, a, b, **conv), expected, "float32", label)
+
+
 @pytest.mark.parametrize("pass_", ["forward", "backward_data"])
 @pytest.mark.parametrize("algo", ["winograd", "winograd4"])
 def test_every_winograd_variant_matches_the_reference(pass_, algo):

@@ -724,21 +724,32 @@ def _workspace_bwd_data(problem: ConvProblem) -> int:
     return strided.workspace(problem)
 
 
+def _tunables_bwd_data(problem: ConvProblem) -> Space:
+    """At stride 1 the forward's parameters (:func:`tunables`) of the forward conv it
+    runs; none for the phases and the narrow path."""
+    if any(s != 1 for s in problem.stride):
+        return {}
+    return tunables(backward_data_as_forward(problem))
+
+
 @register("blocked", "backward_data", supports=_supports_bwd_data,
-          workspace_bytes=_workspace_bwd_data, accuracy=2, numpy_math=False)
-def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
+          workspace_bytes=_workspace_bwd_data, accuracy=2, numpy_math=False,
+          tunables=_tunables_bwd_data)
+def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray,
+                     params: Params | None = None) -> np.ndarray:
     """Stride 1: the forward conv of dy with the flipped kernel; few input channels:
     :mod:`.narrow`; else by phases (:mod:`.strided`)."""
-    nr = VEC * panel_vectors(problem.in_channels)
+    nr = VEC * (params or {}).get("nvec", panel_vectors(problem.in_channels))
     if all(s == 1 for s in problem.stride):
         forward = backward_data_as_forward(problem)
         if is_transient() and problem.in_channels % nr == 0:
             # weights that change every call (training): read in place, not packed
             w4 = _as2d(w, problem.ndim)
-            return _forward(forward, dy, w4, nr=nr, walk=flipped_walk(w4, nr))
+            return _forward(forward, dy, w4, nr=nr, walk=flipped_walk(w4, nr),
+                            params=params)
         wp, _ = PACKED.get(w, ("flipped", problem.ndim, nr),
                            lambda w: pack_weight(flipped_view(w), problem.ndim, nr))
-        return _forward(forward, dy, wp)
+        return _forward(forward, dy, wp, params=params)
     if _narrow(problem):
         return narrow.backward_data(problem, dy, w)
     steps, dy_pads = strided.plan(problem)

@@ -39,6 +39,7 @@ from numba.extending import intrinsic
 from ... import host_params
 from ..._host import ACCUMULATORS, VECTOR_BYTES
 from ..._kernel_cache import instantiate
+from ...params import Params, Space
 from ...problem import ConvProblem
 from ...registry import register
 from ...threads import get_num_threads
@@ -129,11 +130,12 @@ def _driver(nvec: int) -> Any:
 
 
 @lru_cache(maxsize=256)
-def _tasks(problem: ConvProblem) -> tuple[np.ndarray, int, int]:
+def _tasks(problem: ConvProblem, nvec: int = 0) -> tuple[np.ndarray, int, int]:
     """(tasks, nvec, ys) of a problem (see :func:`_driver`): over (tap, output-channel
     block, input-channel block) broadcasting dy and loading x, or, turned
     (:func:`_by_rows`), over (kernel row, block of a row's taps, output-channel
-    block) broadcasting x and loading dy into a ``(KH, KW*C, O)`` result."""
+    block) broadcasting x and loading dy into a ``(KH, KW*C, O)`` result; blocks of
+    ``nvec`` vectors (0: :func:`panel_vectors`'s)."""
     lead = 2 - problem.ndim
     kh, kw = (1,) * lead + problem.kernel
     dh, dw = (1,) * lead + problem.dilation
@@ -141,13 +143,13 @@ def _tasks(problem: ConvProblem) -> tuple[np.ndarray, int, int]:
     wpx = problem.in_size[-1] + sum(wp[1])
     c, o = problem.in_channels, problem.out_channels
     if _by_rows(problem):
-        nvec, run = panel_vectors(o), kw * c
+        nvec, run = nvec or panel_vectors(o), kw * c
         a, t0, o0 = np.meshgrid(np.arange(kh), np.arange(0, run, MR),
                                 np.arange(0, o, VEC * nvec), indexing="ij")
         table = [a * dh * wpx * c + t0, o0, (a * run + t0) * o + o0, np.minimum(MR, run - t0)]
         ys = o
     else:
-        nvec = panel_vectors(c)
+        nvec = nvec or panel_vectors(c)
         a, b, o0, c0 = np.meshgrid(np.arange(kh), np.arange(kw), np.arange(0, o, MR),
                                    np.arange(0, c, VEC * nvec), indexing="ij")
         table = [o0, (a * dh * wpx + b * dw) * c + c0, ((o0 * kh + a) * kw + b) * c + c0,
@@ -172,12 +174,12 @@ def _by_rows(problem: ConvProblem) -> bool:
     return rows_ok and panel_vectors(problem.out_channels) > panel_vectors(problem.in_channels)
 
 
-def _chunk(problem: ConvProblem) -> tuple[int, int]:
-    """(images, output rows) per chunk: whole images while they fit ``CHUNK_BYTES``,
+def _chunk(problem: ConvProblem, chunk_bytes: int = CHUNK_BYTES) -> tuple[int, int]:
+    """(images, output rows) per chunk: whole images while they fit ``chunk_bytes``,
     else rows of one image."""
     oh, ow = (1,) * (2 - problem.ndim) + problem.out_size
     row_bytes = 4 * ow * (problem.in_channels + problem.out_channels)
-    rows = max(1, CHUNK_BYTES // row_bytes)
+    rows = max(1, chunk_bytes // row_bytes)
     if rows < oh:
         return 1, rows
     return max(1, rows // oh), oh
@@ -202,9 +204,24 @@ def _workspace(problem: ConvProblem) -> int:
     return 4 * problem.batch * math.prod(sizes) * problem.in_channels
 
 
+def tunables(problem: ConvProblem) -> Space:
+    """Backward-weight's parameters, the default first: ``chunk_kib``, KiB of x and dy
+    per chunk of pixels (``CHUNK_BYTES``, three eighths of L2; then a quarter, half and
+    twice that); ``nvec``, vectors per block (the most the channels allow, then the
+    fewer ones)."""
+    kib = CHUNK_BYTES >> 10
+    space: Space = {"chunk_kib": (kib, kib // 4, kib // 2, kib * 2)}
+    channels = problem.out_channels if _by_rows(problem) else problem.in_channels
+    fits = [v for v in NVECS if channels % (VEC * v) == 0]
+    if len(fits) > 1:
+        space["nvec"] = tuple(fits)
+    return space
+
+
 @register("blocked", "backward_weight", supports=_supports, workspace_bytes=_workspace,
-          accuracy=2, numpy_math=False)
-def blocked_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+          accuracy=2, numpy_math=False, tunables=tunables)
+def blocked_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray,
+                       params: Params | None = None) -> np.ndarray:
     dw = np.empty(problem.w_shape("NHWC"), np.float32)
     if problem.batch == 0 or 0 in problem.out_size:
         dw[...] = 0
@@ -212,13 +229,14 @@ def blocked_bwd_weight(problem: ConvProblem, x: np.ndarray, dy: np.ndarray) -> n
     lead = 2 - problem.ndim
     sh, sw = (1,) * lead + problem.stride
     dh, dwl = (1,) * lead + problem.dilation
-    imgs, rows = _chunk(problem)
+    chosen = params or {}
+    imgs, rows = _chunk(problem, chosen.get("chunk_kib", CHUNK_BYTES >> 10) << 10)
     xp, dy4 = padded_input(x, problem), _as2d(np.ascontiguousarray(dy), problem.ndim)
     n, hp, wpx, c = xp.shape
     _, oh, ow, o = dy4.shape
     x_step = np.array([hp * wpx * c, sh * wpx * c, sw * c], np.intp)
     dy_step = np.array([oh * ow * o, ow * o, o], np.intp)
-    tasks, nvec, ys = _tasks(problem)
+    tasks, nvec, ys = _tasks(problem, chosen.get("nvec", 0))
     threads = get_num_threads()
     if not _by_rows(problem):
         _driver(nvec)(dy4.reshape(-1), xp.reshape(-1), dw.reshape(-1), tasks, dy_step, x_step,
