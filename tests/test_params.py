@@ -98,7 +98,6 @@ def _expected(p, a, b, **conv):
     ((2, 14, 14, 32), (48, 1, 1, 32), {}),                       # 1x1
     ((2, 15, 15, 3), (64, 7, 7, 3), {"stride": 2, "padding": 3}),  # a stem
     ((1, 16, 16, 32), (96, 3, 3, 32), {"stride": 2, "padding": 1}),
-    ((1, 60, 60, 16), (64, 1, 1, 16), {}),  # large enough to stream by default
 ])
 def test_every_blocked_forward_variant_matches_the_reference(x_shape, w_shape, conv):
     rng = np.random.default_rng(0)
@@ -114,7 +113,7 @@ def test_every_blocked_forward_variant_matches_the_reference(x_shape, w_shape, c
 
 @pytest.mark.parametrize(("pass_", "x_shape", "w_shape", "conv", "expected_keys"), [
     ("backward_data", (2, 9, 10, 32), (48, 3, 3, 32), {"padding": 1},
-     {"nvec", "tasks", "inside", "stream"}),
+     {"nvec", "tasks", "inside"}),
     ("backward_weight", (2, 9, 10, 64), (48, 3, 3, 64), {"padding": 1},
      {"chunk_kib", "nvec"}),
     ("backward_weight", (2, 31, 31, 3), (64, 7, 7, 3), {"stride": 2, "padding": 3},
@@ -265,3 +264,40 @@ def test_a_stored_label_the_algorithm_no_longer_accepts_is_not_applied(knobbed):
     tuner.default_cache().put([stale])
     assert tuner.choose(p).label == "knobbed[split=2]"  # the best label that still fits
     assert tuner.tuned_variant(p, registry.get("knobbed", "forward")).label == "knobbed"
+
+
+def test_explain_names_the_tuned_parameters(knobbed):
+    p = problem()
+    tuner.tune([p])
+    x, w = (np.ones(s, np.float32) for s in (p.x_shape(), p.w_shape()))
+    shown = ce.explain(x, w, padding=1)
+    assert shown.chosen == "knobbed" and "knobbed[split=2]" in shown.source
+
+
+def test_a_graph_tuned_after_a_parameter_search_runs_its_algorithm(tmp_path, monkeypatch):
+    """The graph engines take algorithms by name: a searched label in the cache
+    counts for its algorithm."""
+    from convengine.graph import recipes
+    from convengine.graph.plan import PlanCache
+
+    monkeypatch.setenv("CONVENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    g, _ = recipes.conv_bias_act((2, 8, 16, 16), (8, 8, 3, 3), padding=1)
+    real = tuner.tune_problem
+
+    def searched(problem_, **kw):
+        result = real(problem_, **kw)
+        label = params.label("blocked", {"tasks": 2})
+        return dataclasses.replace(result, results={label: _timed(1e-9), **result.results})
+
+    monkeypatch.setattr(tuner, "tune_problem", searched)
+    plan = g.build("tune", cache=PlanCache())
+    assert "blocked" in plan.describe()
+
+
+def test_warmup_tunes_algorithms_only_when_asked(knobbed):
+    _, _, measured = knobbed
+    p = problem()
+    ce.warmup([p], tune=True, search=False, progress=False)
+    assert len(measured) == 1  # the algorithms, as a first call (build-cache) times them
+    ce.warmup([p], tune=True, progress=False)
+    assert len(measured) == 2 and "knobbed[split=2]" in measured[1]

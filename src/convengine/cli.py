@@ -476,7 +476,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
                 for la in layers for d in floats for p in passes]
     int8 = [la.problem("forward", layout=args.layout) for la in layers if "int8" in dtypes]
     start = time.perf_counter()
-    done = warmup(problems, int8=int8, tune=args.tune, progress=False if args.quiet else None)
+    done = warmup(problems, int8=int8, tune=args.tune is not None,
+                  search=args.tune == "search", progress=False if args.quiet else None)
     total = time.perf_counter() - start
     _emit_json(args.json, {"seconds": total, "calls": [
         {"problem": w.problem.describe(), "kind": w.kind, "seconds": w.seconds} for w in done]})
@@ -525,7 +526,7 @@ def cmd_build_cache(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _targets.PACKAGED
     warmup_args = ["--suite", args.suite, "--dtype", args.dtype, "--pass", args.pass_,
                    "--quiet"] + (["--batch", args.batch] if args.batch else []) + (
-                   [] if args.no_tune else ["--tune"])
+                   [] if args.no_tune else ["--tune=algorithms"])
     models = shipping.check_models([Path(p) for p in args.onnx.split(",") if p] if args.onnx
                                    else [])
     for name in names:
@@ -633,7 +634,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", default="NCHW", choices=["NCHW", "NHWC"],
                    help="the layout your calls use (default NCHW)")
     p.add_argument("--threads", type=int, help="threads of numba and BLAS, as your calls use")
-    p.add_argument("--tune", action="store_true", help="tune the problems first")
+    p.add_argument("--tune", nargs="?", const="search", choices=("search", "algorithms"),
+                   help="tune the problems first: the algorithms and their parameters "
+                        "(search, the default), or the algorithms only, as a first call "
+                        "does (algorithms)")
     _common(p, "per-call seconds")
     p.set_defaults(func=cmd_warmup)
 

@@ -2,8 +2,9 @@
 (``_targets``) into the folder a built wheel carries, so that a new install loads
 machine code instead of compiling it (``convengine build-cache``).
 
-Each target is built by ``convengine warmup`` (``--tune``: every candidate algorithm,
-which a first call in the default tuning mode runs), and optionally one run of ONNX
+Each target is built by ``convengine warmup`` (``--tune=algorithms``: every candidate
+algorithm at its default parameters, which a first call in the default tuning mode
+runs), and optionally one run of ONNX
 models through ``convengine.onnx.Session`` (``--onnx``), in processes of their own compiling
 for the target (``CONVENGINE_TARGET``) into a new kernel directory; a manifest
 (``TARGET.json``: the target, the versions of Python, convengine, numba and llvmlite,

@@ -102,14 +102,16 @@ def _checked(problems: Iterable[ConvProblem], name: str) -> list[ConvProblem]:
 
 
 def warmup(problems: Iterable[ConvProblem] = (), *, int8: Iterable[ConvProblem] = (),
-           tune: bool = False, progress: bool | None = None) -> list[Warmed]:
+           tune: bool = False, search: bool = True,
+           progress: bool | None = None) -> list[Warmed]:
     """Compile (and with ``tune``, tune first) every kernel ``problems`` need, and
     the int8 kernels of ``qconv`` on the shapes of the forward problems ``int8``; one
-    :class:`Warmed` per call made. ``progress``: a bar on stderr (default: when
-    stderr is a terminal)."""
+    :class:`Warmed` per call made. ``search``: tuning searches the chosen algorithms'
+    parameters too (False: algorithms only, as a first call's tuning does).
+    ``progress``: a bar on stderr (default: when stderr is a terminal)."""
     items, quantized = _checked(problems, "problems"), _checked(int8, "int8")
     if tune:
-        tuner.tune(items, progress=progress)
+        tuner.tune(items, progress=progress, search=search)
     calls = [(p, "float") for p in items] + [(p, "int8") for p in quantized]
     rng = np.random.default_rng(0)
     previous = tuner.set_tuning("cache-only")

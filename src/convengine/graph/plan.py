@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import devices, heuristic
+from .. import devices, heuristic, params
 from ..errors import ConvSetupError
 from ..problem import FLOAT_DTYPES, as_array
 from ..tune import tuner
@@ -170,7 +170,9 @@ def _algorithms(prog: Program, policy: str) -> list[str]:
     if policy == "tune":
         results = tuner.tune_problem(problem).results
         timed = sorted((r["median_s"], n) for n, r in results.items() if "median_s" in r)
-        first = [n for _, n in timed]
+        # the graph engines run algorithms by name: a searched parameter's label
+        # counts for its algorithm
+        first = list(dict.fromkeys(params.parse(n)[0] for _, n in timed))
     else:
         chosen = tuner.choose(problem)
         first = [] if chosen is None else [chosen.name]

@@ -272,7 +272,10 @@ def explain_choice(problem: ConvProblem) -> tuple[Algorithm | None, str, dict[st
         later = "tuned on first call" if mode == "on" else "not tuned: cache-only"
         return None, f"heuristic; {later}", timings
     algo = pick(entry, problem)
-    return algo, "tuned, from the cache" if algo else "heuristic; no tuned candidate fits", timings
+    if algo is None:
+        return None, "heuristic; no tuned candidate fits", timings
+    with_params = f" with {algo.label}" if algo.params else ""
+    return algo, f"tuned, from the cache{with_params}", timings
 
 
 def _progress(items: list[ConvProblem], enabled: bool | None) -> Iterable[ConvProblem]:

@@ -583,7 +583,7 @@ def bind_forward(problem: ConvProblem, wp: np.ndarray, bias: np.ndarray | None =
     inside = bool(chosen.get("inside", wp.nbytes <= BLOCKS_INSIDE_BYTES))
     tasks = chosen.get("tasks", TASKS_PER_THREAD)
     split = (_per_task(tiles, 1 if inside else blocks, tasks), inside, *walk)
-    streaming = _streams(shape, nr, inside, chosen.get("stream"))
+    streaming = _streams(shape, nr, inside)
     driver, wf = _gather_driver(nvec, streaming), wp.reshape(-1)
     ndim, padding = problem.ndim, problem.padding
     padded = any(p != (0, 0) for p in padding)
@@ -600,27 +600,19 @@ def bind_forward(problem: ConvProblem, wp: np.ndarray, bias: np.ndarray | None =
     return run
 
 
-def _streams(y_shape: tuple[int, ...], nr: int, blocks_inside: bool,
-             force: int | None = None) -> bool:
+def _streams(y_shape: tuple[int, ...], nr: int, blocks_inside: bool) -> bool:
     """Whether the forward stores y ``(..., O)`` non-temporally, in panels of ``nr``
     channels (``blocks_inside``: a task writes all of a pixel's panels at once): y of
-    STREAMING_BYTES or more (``force`` 0 or 1: whatever its size) whose every pixel
-    starts a 64-byte line (:func:`_may_stream`), and whose lines
+    STREAMING_BYTES or more whose every pixel starts a 64-byte line, and whose lines
     are each written within a short time: each panel covers whole lines, or the
     panels of a pixel follow one another. A line that two panels share (AVX2's
     24-channel panels: 96 bytes) written panel by panel over the whole output was
     written in halves far apart in time, each half leaving the write-combining buffers
     alone: ResNet-50's 64 -> 256 1x1 at batch 8 56x56 ran 9.9 ms streamed and 5.8 not
     (Zen 3, 2 threads, caches flushed; 42 against 71 GMAC/s)."""
-    large = 4 * math.prod(y_shape) >= STREAMING_BYTES if force is None else bool(force)
-    return _may_stream(y_shape[-1], nr, blocks_inside) and large
-
-
-def _may_stream(channels: int, nr: int, blocks_inside: bool) -> bool:
-    """Whether every pixel of y starts a 64-byte line and its lines are written at
-    once (see :func:`_streams`)."""
     line = memory.ALIGN // 4
-    return channels % line == 0 and (nr % line == 0 or blocks_inside)
+    return (y_shape[-1] % line == 0 and (nr % line == 0 or blocks_inside)
+            and 4 * math.prod(y_shape) >= STREAMING_BYTES)
 
 
 def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray,
@@ -645,20 +637,17 @@ def tunables(problem: ConvProblem) -> Space:
     least: ``TASKS_PER_THREAD``, small enough to balance a thread's share, large
     enough that each task's panel stays in cache); ``inside``, whether a task writes
     every output-channel block of its tiles (weights within ``BLOCKS_INSIDE_BYTES``,
-    L1d) or one block across tiles; ``stream``, whether y is stored non-temporally
-    (from ``STREAMING_BYTES``, a quarter of L3), where y's lines allow it."""
+    L1d) or one block across tiles. Not ``STREAMING_BYTES`` (whether y bypasses the
+    caches): that depends on the layer that reads y next, which timing one layer alone
+    cannot see (alone, streaming looked 1.1-1.2x faster on MobileNetV2's 1x1 layers at
+    batch 8 whose outputs the default keeps in L3 for the next layer)."""
     nvec = panel_vectors(problem.out_channels)
     nr = VEC * nvec
     weights = -(-problem.out_channels // nr) * nr * math.prod(problem.kernel) * problem.in_channels
     inside = int(4 * weights <= BLOCKS_INSIDE_BYTES)
-    space: Space = {
-        "nvec": (nvec, *(v for v in NVECS if v != nvec)),
-        "tasks": (TASKS_PER_THREAD, *(t for t in TASK_CHOICES if t != TASKS_PER_THREAD)),
-        "inside": (inside, 1 - inside)}
-    if _may_stream(problem.out_channels, nr, bool(inside)):
-        stream = int(_streams(tuple(problem.y_shape("NHWC")), nr, bool(inside)))
-        space["stream"] = (stream, 1 - stream)
-    return space
+    return {"nvec": (nvec, *(v for v in NVECS if v != nvec)),
+            "tasks": (TASKS_PER_THREAD, *(t for t in TASK_CHOICES if t != TASKS_PER_THREAD)),
+            "inside": (inside, 1 - inside)}
 
 
 def run_into(out: np.ndarray, first: tuple[int, ...], step: tuple[int, ...],
