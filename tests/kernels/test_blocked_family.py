@@ -13,6 +13,7 @@ module (:mod:`convengine._kernel_cache`), so on disk after the first run. Varian
 - forward, contiguous (strided backward-data's kernel): every ``nvec``,
   ``ACCUMULATORS // nvec`` pixels, whole and short tiles;
 - backward-weight: every ``weight.NVECS``, whole and short tiles, storing and adding;
+- ``narrow``'s rows (strided stems' backward-data): strides, padding, dilation, 1-D;
 - ``pack_weight``, ``packed_walk``, ``flipped_walk``: exactly the index formulas.
 
 Tolerance: a stored value is the float32 sum of n products (one rounding per fused
@@ -292,3 +293,38 @@ def test_walks_address_the_weights_of_each_block(nr: int) -> None:
         got = reference.walked(wide.reshape(-1), flip.first + ob * flip.block, flip.row, flip.col,
                                flip.step, kh, kw, c, nr)
         np.testing.assert_array_equal(got, fp[ob])
+
+
+@pytest.mark.parametrize(("dx_shape", "o", "kernel", "stride", "pad", "dilation"), [
+    ((2, 15, 14, 3), 32, (7, 7), (2, 2), (3, 3), (1, 1)),   # a stem
+    ((1, 13, 11, 1), 16, (5, 4), (2, 3), (2, 0), (1, 1)),   # unequal strides, one side
+    ((1, 12, 12, 4), 24, (3, 3), (2, 2), (2, 2), (2, 2)),   # dilated
+    ((1, 1, 21, 7), 8, (1, 9), (1, 2), (0, 4), (1, 1)),     # a 1-D problem as 2-D
+])
+def test_narrow_rows(dx_shape, o, kernel, stride, pad, dilation) -> None:
+    """``narrow._rows``: dx[n, i, j, c] = sum over the taps reaching (i, j) of dy's row
+    times the tap's weights, within the float32 bound of that many products."""
+    from convengine.algorithms.blocked import narrow
+
+    n, h, w_, c = dx_shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, pad, dilation
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w_ + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    rng = np.random.default_rng(7)
+    dy = rng.standard_normal((n, oh, ow, o)).astype(np.float32)
+    wt = rng.standard_normal((kh, kw, c, o)).astype(np.float32)
+    want, magnitude = np.zeros(dx_shape), np.zeros(dx_shape)
+    for a in range(kh):
+        for b in range(kw):
+            for p in range(oh):
+                for q in range(ow):
+                    i, j = p * sh - ph + a * dh, q * sw - pw + b * dw
+                    if 0 <= i < h and 0 <= j < w_:
+                        prod = dy[:, p, q, None, :].astype(np.float64) * wt[a, b]
+                        want[:, i, j] += prod.sum(-1)
+                        magnitude[:, i, j] += np.abs(prod).sum(-1)
+    got = np.full(dx_shape, np.nan, np.float32)
+    narrow._rows(dy, wt, got, sh, sw, ph, pw, dh, dw)
+    u = 2.0 ** -24
+    terms = kh * kw * o
+    assert np.all(np.abs(got - want) <= terms * u / (1 - terms * u) * magnitude + 1e-30)
