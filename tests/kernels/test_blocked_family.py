@@ -324,7 +324,8 @@ def test_narrow_rows(dx_shape, o, kernel, stride, pad, dilation) -> None:
                         want[:, i, j] += prod.sum(-1)
                         magnitude[:, i, j] += np.abs(prod).sum(-1)
     got = np.full(dx_shape, np.nan, np.float32)
-    narrow._rows(dy, wt, got, sh, sw, ph, pw, dh, dw)
+    narrow._rows(dy, wt, got, *narrow.reaching(h, oh, kh, sh, ph, dh),
+                 *narrow.reaching(w_, ow, kw, sw, pw, dw))
     u = 2.0 ** -24
     terms = kh * kw * o
     assert np.all(np.abs(got - want) <= terms * u / (1 - terms * u) * magnitude + 1e-30)
