@@ -12,7 +12,9 @@ point 120 (``--x-zero-point 0`` for a ReLU's output, the usual input inside a ne
 where oneDNN skips its zero-point compensation and runs faster). Threads
 fixed to ``--threads`` on both sides; nothing else is set: PyTorch runs in its default
 configuration (convengine's own pool waits passively, see ``convengine.threads``).
-GOPS = 2 * multiply-adds / time. Ratios are
+GOPS = 2 * multiply-adds / time; ``% peak``: ours as a share of the host's measured
+int8 peak on the same threads (a ``vpdpbusd`` loop, :mod:`convengine.peak`: measured
+once per CPU and cached; not measured without AVX-512 VNNI, then ``-``). Ratios are
 ``torch / ours`` time (above 1: convengine faster); geometric means per group:
 ResNet-50 (dense), MobileNetV2 dense and MobileNetV2 depthwise. Targets (issue 5):
 dense >= 1.0x fbgemm; depthwise >= 1.0x the best PyTorch engine.
@@ -23,6 +25,7 @@ dense >= 1.0x fbgemm; depthwise >= 1.0x the best PyTorch engine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -34,6 +37,7 @@ from typing import Any
 import numpy as np
 
 import convengine as ce
+from convengine import peak
 from convengine.bench import suites
 from convengine.quant import int8_path
 
@@ -124,9 +128,14 @@ def main() -> None:
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     rows = []
+    measured = peak.peak(args.threads)
     print(f"int8 path: {int8_path()}, threads {args.threads}, batch {args.batch}, "
           f"x zero point {args.x_zero_point}, torch {torch.__version__}")
-    head = f"{'layer':34s} {'GOPS ours':>9s} " + " ".join(f"{e:>7s}" for e in ENGINES)
+    print(f"measured peak on {args.threads} threads: int8 "
+          + (f"{measured.int8_gops:.0f} GOPS" if measured.int8_gops else f"- ({measured.note})")
+          + f", float32 {measured.fp32_gflops:.0f} GFLOP/s")
+    head = (f"{'layer':34s} {'GOPS ours':>9s} {'% peak':>6s} "
+            + " ".join(f"{e:>7s}" for e in ENGINES))
     print(head + "   ratio vs " + "/".join(ENGINES))
     for name in args.suite.split(","):
         for layer in suites.suite(name, batch=args.batch):
@@ -149,9 +158,12 @@ def main() -> None:
             gops = {k: problem.flops / t / 1e9 for k, t in med.items()}
             ratio = {e: med[e] / med["ours"] for e in ENGINES}
             group = (f"{name} depthwise" if depthwise else f"{name} dense")
+            fraction = gops["ours"] / measured.int8_gops if measured.int8_gops else None
             rows.append(dict(layer=layer.name, suite=name, group=group, gops=gops, ratio=ratio,
-                             best_torch=min(med[e] for e in ENGINES) / med["ours"]))
-            print(f"{name[:8]}:{layer.name:25s} {gops['ours']:9.0f} "
+                             best_torch=min(med[e] for e in ENGINES) / med["ours"],
+                             peak_fraction=fraction))
+            shown = "-" if fraction is None else f"{100 * fraction:.1f}"
+            print(f"{name[:8]}:{layer.name:25s} {gops['ours']:9.0f} {shown:>6s} "
                   + " ".join(f"{gops[e]:7.0f}" for e in ENGINES) + "   "
                   + " ".join(f"{ratio[e]:5.2f}x" for e in ENGINES), flush=True)
     print("\ngeometric means of torch time / ours time:")
@@ -170,7 +182,8 @@ def main() -> None:
         print(f"target depthwise >= 1.0x best torch: {g:.2f}x -> {'met' if g >= 1 else 'missed'}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(dict(args=vars(args), path=int8_path(), rows=rows), fh, indent=1)
+            json.dump(dict(args=vars(args), path=int8_path(), peak=dataclasses.asdict(measured),
+                           rows=rows), fh, indent=1)
 
 
 if __name__ == "__main__":
