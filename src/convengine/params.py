@@ -71,6 +71,12 @@ def value(space: Space, params: Params | None, key: str) -> int:
     return space[key][0]
 
 
+def around(budget: int) -> tuple[int, ...]:
+    """The values searched for a byte budget derived from a cache size (in KiB):
+    the budget first, then a quarter, half and twice it."""
+    return (budget, budget // 4, budget // 2, budget * 2)
+
+
 def alternatives(space: Space) -> list[tuple[str, int]]:
     """Every (parameter, non-default value), parameter by parameter: what a search
     one parameter at a time tries."""

@@ -177,6 +177,23 @@ def get(name: str, pass_: str) -> Algorithm:
         ) from None
 
 
+def labelled(label: str, problem: ConvProblem) -> Algorithm:
+    """The algorithm a label names (``blocked`` or ``blocked[tasks=4]``, as the tuner
+    stores its choices) with its parameters, for ``problem``; ConvSetupError naming
+    what does not fit (a malformed label, an unknown algorithm, a parameter it does
+    not have on this problem or a value outside its range)."""
+    try:
+        name, chosen = tunable.parse(label)
+    except ValueError as exc:
+        raise ConvSetupError(f"algo {label!r}: {exc}") from None
+    algo = get(name, problem.pass_)
+    reason = tunable.check(algo.space(problem), chosen)
+    if reason is not None:
+        raise ConvSetupError(f"algo {label!r} on this {problem.pass_} problem: {reason} "
+                             f"(problem: {problem.describe()})")
+    return algo.variant(chosen)
+
+
 def all_for(pass_: str) -> list[Algorithm]:
     _check_pass(pass_)
     return list(_REGISTRY[pass_].values())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import config, environment, params, registry, threads
+from . import config, environment, registry, threads
 from .algorithms import weight_cache
 from .errors import ConvSetupError
 from .heuristic import heuristic
@@ -44,7 +44,8 @@ def resolve(problem: ConvProblem, algo: str = "auto") -> Algorithm:
     if algo == "auto":  # tuned timings had the weights' derived forms cached
         tuned = None if weight_cache.is_transient() else tuner.choose(problem)
         return tuned or heuristic(problem)
-    chosen = _labelled(problem, algo) if "[" in algo else registry.get(algo, problem.pass_)
+    chosen = (registry.labelled(algo, problem) if "[" in algo
+              else registry.get(algo, problem.pass_))
     reason = chosen.supports(problem)
     if reason is not None:
         raise ConvSetupError(
@@ -52,21 +53,6 @@ def resolve(problem: ConvProblem, algo: str = "auto") -> Algorithm:
             f"(problem: {problem.describe()}); use algo='auto' to fall back"
         )
     return chosen
-
-
-def _labelled(problem: ConvProblem, label: str) -> Algorithm:
-    """The algorithm of a label with parameters (``blocked[tasks=4]``, as the tuner
-    stores its choices); ConvSetupError naming what does not fit."""
-    try:
-        name, chosen = params.parse(label)
-    except ValueError as exc:
-        raise ConvSetupError(f"algo {label!r}: {exc}") from None
-    algo = registry.get(name, problem.pass_)
-    reason = params.check(algo.space(problem), chosen)
-    if reason is not None:
-        raise ConvSetupError(f"algo {label!r} on this {problem.pass_} problem: {reason} "
-                             f"(problem: {problem.describe()})")
-    return algo.variant(chosen)
 
 
 @dataclass(frozen=True)

@@ -110,4 +110,3 @@ def build(name: str, out: Path, warmup_args: Sequence[str],
     files = manifest["files"]
     size = sum((folder / f).stat().st_size for f in files)
     return Built(name, folder, len(files), size, time.perf_counter() - start)
-

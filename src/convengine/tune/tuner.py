@@ -13,7 +13,7 @@ Modes (``set_tuning`` or the ``CONVENGINE_TUNING`` environment variable):
 The explicit requests (:func:`tune`, ``convengine tune``, ``warmup --tune``) also
 search the chosen algorithm's parameters (:mod:`convengine.params`): one parameter at
 a time, its other values timed against the current choice, a value kept only where it
-wins by the same margin on a quiet host (:func:`search`). The stored choice is then a
+wins clearly on a quiet host (:func:`_search`). The stored choice is then a
 label such as ``blocked[tasks=4]``. A first call's tuning times algorithms only, at
 their cost-model defaults: a search multiplies the first call's timings.
 """
@@ -29,6 +29,7 @@ from typing import Any
 
 from .. import config, environment, exactness, params, registry, threads
 from ..config import cache_dir
+from ..errors import ConvSetupError
 from ..heuristic import heuristic
 from ..problem import ConvProblem
 from ..registry import Algorithm
@@ -97,16 +98,12 @@ def variant(label: str, problem: ConvProblem) -> Algorithm | None:
     this exact problem and accepts them on it; else None (problems of one bucket can
     differ in what an algorithm supports and in its parameters' ranges)."""
     try:
-        name, chosen = params.parse(label)
-    except ValueError:
+        algo = registry.labelled(label, problem)
+    except ConvSetupError:
         return None
-    algo = next((a for a in registry.all_for(problem.pass_) if a.name == name), None)
-    if (algo is None or algo.supports(problem) is not None
-            or not exactness.eligible(algo, problem)):
+    if algo.supports(problem) is not None or not exactness.eligible(algo, problem):
         return None
-    if chosen and (algo.tunables is None or params.check(algo.space(problem), chosen)):
-        return None
-    return algo.variant(chosen)
+    return algo
 
 
 def pick(entry: Entry, problem: ConvProblem) -> Algorithm | None:

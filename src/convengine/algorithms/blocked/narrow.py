@@ -31,6 +31,7 @@ from numba import prange
 
 from ..._kernel_cache import kernel
 from ...problem import ConvProblem
+from ...threads import get_num_threads
 
 MAX_CHANNELS = 8  # input channels (dx's) this path serves: the stems' 1, 3 or 4
 
@@ -45,9 +46,12 @@ def reason(problem: ConvProblem) -> str | None:
 
 
 def workspace(problem: ConvProblem) -> int:
-    """Bytes: the transposed weights, and one accumulator row per thread and channel."""
+    """Bytes: the transposed weights, one accumulator row per thread and channel, and
+    the taps reaching each dx row and column (:func:`reaching`)."""
     taps = int(np.prod(problem.kernel))
-    return 4 * problem.out_channels * problem.in_channels * (taps + 64)
+    rows = problem.out_channels * problem.in_channels * (taps + get_num_threads())
+    tables = 3 * sum(n * k for n, k in zip(problem.in_size, problem.kernel))
+    return 4 * rows + 8 * tables
 
 
 def reaching(size: int, out_size: int, taps: int, stride: int, pad: int,

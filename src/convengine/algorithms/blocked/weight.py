@@ -39,7 +39,7 @@ from numba.extending import intrinsic
 from ... import host_params
 from ..._host import ACCUMULATORS, VECTOR_BYTES
 from ..._kernel_cache import instantiate
-from ...params import Params, Space
+from ...params import Params, Space, around
 from ...problem import ConvProblem
 from ...registry import register
 from ...threads import get_num_threads
@@ -209,8 +209,7 @@ def tunables(problem: ConvProblem) -> Space:
     per chunk of pixels (``CHUNK_BYTES``, three eighths of L2; then a quarter, half and
     twice that); ``nvec``, vectors per block (the most the channels allow, then the
     fewer ones)."""
-    kib = CHUNK_BYTES >> 10
-    space: Space = {"chunk_kib": (kib, kib // 4, kib // 2, kib * 2)}
+    space: Space = {"chunk_kib": around(CHUNK_BYTES >> 10)}
     channels = problem.out_channels if _by_rows(problem) else problem.in_channels
     fits = [v for v in NVECS if channels % (VEC * v) == 0]
     if len(fits) > 1:

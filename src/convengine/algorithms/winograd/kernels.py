@@ -35,7 +35,7 @@ from numba import prange
 from ... import _kernel_cache, host_params, memory, registry
 from ..._kernel_cache import Source, instantiate, load
 from ...finite import nonfinite
-from ...params import Params, Space
+from ...params import Params, Space, around
 from ...problem import ConvProblem
 from ...registry import register
 from ...threads import get_num_threads
@@ -284,8 +284,7 @@ def tunables(m: int) -> Callable[[ConvProblem], Space]:
     a quarter, half or twice it; ``split_k`` (:func:`_split_k`) where it is a choice."""
     def space(problem: ConvProblem) -> Space:
         fwd = backward_data_as_forward(problem) if problem.pass_ == "backward_data" else problem
-        kib = BLOCK_BYTES >> 10
-        chosen: Space = {"block_kib": (kib, kib // 4, kib // 2, kib * 2)}
+        chosen: Space = {"block_kib": around(BLOCK_BYTES >> 10)}
         split = _split_k(fwd, m)
         if split is not None:
             chosen["split_k"] = (split, 1 - split)
