@@ -8,7 +8,9 @@ import pytest
 import convengine as ce
 from convengine.algorithms import weight_cache
 from convengine.algorithms.blocked import forward as blocked
+from convengine.algorithms.blocked import strided
 from convengine.algorithms.blocked import weight as blocked_weight
+from convengine.problem import ConvProblem, make_problem
 from oracle import assert_close, random, reference
 
 # (id, x shape NHWC, w shape OHWI, conv args): stems, widths that are not a multiple
@@ -172,6 +174,33 @@ def test_strided_backward_data_matches_reference(x_shape, w_shape, kw):
     got = ce.conv_backward_data(dy, w, x.shape, layout="NHWC", algo="blocked", **kw)
     expected = reference("backward_data", dy, w, x.shape, layout="NHWC", **kw)
     assert_close(got, expected, "float32", "blocked strided backward-data")
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), [c[1:] for c in BWD_DATA_STRIDED_CASES],
+                         ids=[c[0] for c in BWD_DATA_STRIDED_CASES])
+@pytest.mark.parametrize(("gather", "transient"), [(0, False), (1, False), (1, True)],
+                         ids=["rows", "gathered", "gathered-read-in-place"])
+def test_both_ways_to_run_the_phases_match_the_reference(x_shape, w_shape, kw, gather,
+                                                         transient):
+    """Along the phases' output rows into dx, or gathered across rows then copied (the
+    weights packed, or, transient, each phase's taps read in place)."""
+    rng = np.random.default_rng(5)
+    x, w = random(rng, x_shape, "float32"), random(rng, w_shape, "float32")
+    dy = ce.conv(x, w, layout="NHWC", **kw)
+    with weight_cache.transient(transient):
+        got = ce.conv_backward_data(dy, w, x.shape, layout="NHWC",
+                                    algo=f"blocked[gather={gather}]", **kw)
+    expected = reference("backward_data", dy, w, x.shape, layout="NHWC", **kw)
+    assert_close(got, expected, "float32", f"phases, gather={gather}")
+
+
+def test_phases_gather_where_rows_leave_tiles_part_empty():
+    """7-pixel phase rows in 6-pixel tiles fill 7 of 12 rows: gathered; 28 of 30: not."""
+    def problem(size: int) -> ConvProblem:
+        return make_problem("backward_data", (8, size, size, 512), (512, 3, 3, 512),
+                            dtype="float32", layout="NHWC", stride=2, padding=1)
+    assert strided.row_fill(problem(14), 6) == pytest.approx(7 / 12)
+    assert strided.gathers(problem(14), 6) and not strided.gathers(problem(56), 6)
 
 
 def test_backward_data_refuses_strided_dilation_and_odd_channels():

@@ -114,6 +114,8 @@ def test_every_blocked_forward_variant_matches_the_reference(x_shape, w_shape, c
 @pytest.mark.parametrize(("pass_", "x_shape", "w_shape", "conv", "expected_keys"), [
     ("backward_data", (2, 9, 10, 32), (48, 3, 3, 32), {"padding": 1},
      {"nvec", "tasks", "inside"}),
+    ("backward_data", (2, 14, 13, 32), (48, 3, 3, 32), {"stride": 2, "padding": 1},
+     {"gather"}),  # by phases
     ("backward_weight", (2, 9, 10, 64), (48, 3, 3, 64), {"padding": 1},
      {"chunk_kib", "nvec"}),
     ("backward_weight", (2, 31, 31, 3), (64, 7, 7, 3), {"stride": 2, "padding": 3},

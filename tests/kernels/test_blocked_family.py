@@ -293,6 +293,17 @@ def test_walks_address_the_weights_of_each_block(nr: int) -> None:
         got = reference.walked(wide.reshape(-1), flip.first + ob * flip.block, flip.row, flip.col,
                                flip.step, kh, kw, c, nr)
         np.testing.assert_array_equal(got, fp[ob])
+    # one phase of a strided backward-data: the taps first + stride * k, flipped
+    big = rng.standard_normal((c, 5, 4, o)).astype(np.float32)
+    for taps, first, stride in [((3, 2), (0, 0), (2, 2)), ((2, 1), (1, 2), (2, 3)),
+                                ((1, 2), (4, 1), (1, 2))]:
+        walk = forward.flipped_walk(big, nr, taps, first, stride)
+        sub = big[:, first[0]::stride[0], first[1]::stride[1]][:, :taps[0], :taps[1]]
+        sp = reference.packed(reference.flipped(sub), nr)
+        for ob in range(2):
+            got = reference.walked(big.reshape(-1), walk.first + ob * walk.block, walk.row,
+                                   walk.col, walk.step, *taps, c, nr)
+            np.testing.assert_array_equal(got, sp[ob], err_msg=f"{taps} {first} {stride}")
 
 
 @pytest.mark.parametrize(("dx_shape", "o", "kernel", "stride", "pad", "dilation"), [

@@ -21,7 +21,7 @@ spells out its vectors in the host's width (``VEC`` float32 lanes: 16 with AVX-5
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -323,14 +323,17 @@ def packed_walk(wp: np.ndarray, dilation_w: int) -> WeightWalk:
     return WeightWalk(kh, kw, 0, kh * kw * c * nr, kw * c * nr, c * nr, nr, dilation_w == 1)
 
 
-def flipped_walk(w: np.ndarray, nr: int) -> WeightWalk:
+def flipped_walk(w: np.ndarray, nr: int, taps: Sequence[int] | None = None,
+                 first: Sequence[int] = (0, 0), stride: Sequence[int] = (1, 1)) -> WeightWalk:
     """The weights w (O, KH, KW, C) of a conv read in place for its backward-data as a
     forward conv (taps reversed, O the reduction, C the output channels, ``nr`` per
     block): no packing. The output channels of every block must lie inside C (C a
-    multiple of ``nr``)."""
+    multiple of ``nr``). ``taps``, ``first``, ``stride``: only the taps ``first +
+    stride * k``, ``k < taps`` per dim (one phase of a strided backward-data)."""
     o, kh, kw, c = w.shape
-    return WeightWalk(kh, kw, ((kh - 1) * kw + kw - 1) * c, nr, -kw * c, -c, kh * kw * c,
-                      False)
+    (th, tw), (ah, aw), (sh, sw) = taps or (kh, kw), first, stride
+    return WeightWalk(th, tw, ((ah + sh * (th - 1)) * kw + aw + sw * (tw - 1)) * c, nr,
+                      -sh * kw * c, -sw * c, kh * kw * c, False)
 
 
 def gather_rows(nvec: int) -> int:
@@ -500,13 +503,14 @@ def _as2d(a: np.ndarray, ndim: int) -> np.ndarray:
     return a.reshape(a.shape[0], *(1,) * (2 - ndim), *a.shape[1:])
 
 
-def pack_weight(w: np.ndarray, ndim: int, nr: int) -> np.ndarray:
+def pack_weight(w: np.ndarray, ndim: int, nr: int, out: np.ndarray | None = None
+                ) -> np.ndarray:
     """w (O, *K, C), any strides (a flipped view too) -> (O / nr, KH, KW, C, nr),
-    contiguous, by a compiled parallel copy (numpy's strided copy took several times
-    as long, on every call of a training step)."""
+    contiguous (into ``out`` if given), by a compiled parallel copy (numpy's strided
+    copy took several times as long, on every call of a training step)."""
     w4 = w[:, None] if ndim == 1 else w
     o, kh, kw, c = w4.shape
-    packed = np.empty((-(-o // nr), kh, kw, c, nr), w.dtype)
+    packed = np.empty((-(-o // nr), kh, kw, c, nr), w.dtype) if out is None else out
     _pack_into(w4, packed, abs(w4.strides[0]) < abs(w4.strides[3]))
     return packed
 
@@ -715,10 +719,15 @@ def _workspace_bwd_data(problem: ConvProblem) -> int:
 
 def _tunables_bwd_data(problem: ConvProblem) -> Space:
     """At stride 1 the forward's parameters (:func:`tunables`) of the forward conv it
-    runs; none for the phases and the narrow path."""
-    if any(s != 1 for s in problem.stride):
+    runs; by phases ``gather``, whether a phase's micro-tiles are gathered across its
+    output rows (:func:`.strided.gathers`, the default); none for the narrow path."""
+    if all(s == 1 for s in problem.stride):
+        return tunables(backward_data_as_forward(problem))
+    if _narrow(problem) or strided.reason(problem) is not None:
         return {}
-    return tunables(backward_data_as_forward(problem))
+    nvec = panel_vectors(problem.in_channels)
+    gather = int(strided.gathers(problem, ACCUMULATORS // nvec))
+    return {"gather": (gather, 1 - gather)}
 
 
 @register("blocked", "backward_data", supports=_supports_bwd_data,
@@ -742,12 +751,48 @@ def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray,
     if _narrow(problem):
         return narrow.backward_data(problem, dy, w)
     steps, dy_pads = strided.plan(problem)
+    gather = (params or {}).get("gather", strided.gathers(problem, ACCUMULATORS // (nr // VEC)))
     dx = (memory.empty if len(steps) == math.prod(problem.stride) else memory.zeros)(
         problem.x_shape("NHWC"), np.float32)
-    dyp = pad(dy, problem.ndim, dy_pads)
-    for s in steps:
-        wp, _ = PACKED.get(w, ("phase", problem.stride, s.phase, nr), lambda w, s=s:
-                           pack_weight(strided.sub_kernel(w, problem, s.phase),
-                                       problem.ndim, nr))
-        run_into(dx, s.first, s.step, s.problem, dyp, s.origin, wp)
+    dyp = pad(dy, problem.ndim, dy_pads)  # (N, H, W, O)
+    dx4, w4, lead = _as2d(dx, problem.ndim), _as2d(w, problem.ndim), 2 - problem.ndim
+    weights: list[tuple[np.ndarray, WeightWalk | None]]
+    if gather and is_transient() and problem.in_channels % nr == 0:
+        # weights that change every call (training): each phase's taps read in place
+        weights = [(w4, flipped_walk(w4, nr, (1,) * lead + tuple(p.taps for p in s.phase),
+                                     (0,) * lead + tuple(p.a0 for p in s.phase),
+                                     (1,) * lead + problem.stride)) for s in steps]
+    else:  # all phases packed in one cache entry: one comparison of w a call
+        flat, _ = PACKED.get(w, ("phases", problem.stride, nr),
+                             lambda w: _pack_phases(w, problem, steps, nr))
+        weights = [(wp, None) for wp in _phase_panels(flat, problem, steps, nr)]
+    for s, (wp, walk) in zip(steps, weights, strict=True):
+        if gather:
+            window = dyp[strided.window(s)].reshape(s.problem.x_shape("NHWC"))
+            y = _forward(s.problem, window, wp, nr=nr, walk=walk)
+            dx4[strided.outputs(s)] = _as2d(y, problem.ndim)
+        else:
+            run_into(dx, s.first, s.step, s.problem, dyp, s.origin, wp)
     return dx
+
+
+def _phase_panels(flat: np.ndarray, problem: ConvProblem, steps: Sequence[strided.Step],
+                  nr: int) -> list[np.ndarray]:
+    """The phases' packed sub-kernels (:func:`pack_weight`'s layout), views of ``flat``."""
+    blocks, panels, at = -(-problem.in_channels // nr), [], 0
+    for s in steps:
+        shape = (blocks, *(1,) * (2 - problem.ndim), *s.problem.kernel, problem.out_channels, nr)
+        panels.append(flat[at:at + math.prod(shape)].reshape(shape))
+        at += math.prod(shape)
+    return panels
+
+
+def _pack_phases(w: np.ndarray, problem: ConvProblem, steps: Sequence[strided.Step],
+                 nr: int) -> np.ndarray:
+    """Every phase's flipped sub-kernel packed, one after another in one flat array."""
+    count = sum(-(-problem.in_channels // nr) * nr * math.prod(s.problem.kernel)
+                * problem.out_channels for s in steps)
+    flat = np.empty(count, np.float32)
+    for s, panels in zip(steps, _phase_panels(flat, problem, steps, nr), strict=True):
+        pack_weight(strided.sub_kernel(w, problem, s.phase), problem.ndim, nr, out=panels)
+    return flat

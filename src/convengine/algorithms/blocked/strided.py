@@ -10,9 +10,15 @@ a stride-1 correlation of dy with the flipped, channel-swapped sub-kernel
 ``w[a0::s]``, over the window of dy from ``q0 - (K_r - 1)`` on. dy is zero-padded
 once, as far as the phases' windows reach; each of the ``prod(s)`` phases (per
 spatial dim, combined) then runs ``blocked``'s forward kernel on its window and writes
-its strided slice of dx in place; a phase no tap reaches is zero. The same
-multiply-adds as the direct sum, none on inserted zeros (the zero-dilated dy of the
-textbook rule would do ``prod(s)`` times as many).
+its strided slice of dx; a phase no tap reaches is zero. The same multiply-adds as
+the direct sum, none on inserted zeros (the zero-dilated dy of the textbook rule would
+do ``prod(s)`` times as many).
+
+Two ways to run a phase (``blocked``'s ``gather`` parameter, :func:`gathers` the
+default): along its output rows, writing dx in place (micro-tiles never cross a row,
+so a short row ends in a partly filled tile that loads a whole weight panel for a few
+pixels), or with micro-tiles gathered across rows into a contiguous buffer then copied
+into dx (full tiles, plus the copies of the phase's dy window and output).
 """
 
 from __future__ import annotations
@@ -82,6 +88,38 @@ def plan(problem: ConvProblem) -> tuple[tuple[Step, ...], tuple[tuple[int, int],
              (0,) * lead + tuple(p.start + lo for p, (lo, _) in zip(phase, pads)))
         for phase in itertools.product(*per_dim))
     return steps, pads
+
+
+# gathered tiles pay off below this share of filled micro-tile rows (the copies they
+# add cost 5-20% of the phase's GEMM on ResNet-50's strided layers; searched by the tuner)
+GATHER_BELOW_FILL = 0.8
+
+
+def row_fill(problem: ConvProblem, rows: int) -> float:
+    """The share of micro-tile rows that hold pixels when the phases' output rows are
+    cut into tiles of ``rows`` pixels (each row's last tile partly empty)."""
+    widths = [s.problem.out_size[-1] for s in plan(problem)[0]]
+    return sum(widths) / max(1, sum(-(-w // rows) * rows for w in widths))
+
+
+def gathers(problem: ConvProblem, rows: int) -> bool:
+    """The default way to run the phases (tiles of ``rows`` pixels): gathered across
+    rows where rows alone fill under ``GATHER_BELOW_FILL`` of the tiles. With 6-pixel
+    tiles (AVX-512, 64-channel panels; Zen 4, batch 8, 2 threads) ResNet-50's 7x7
+    phases (fill 0.58) ran 1.4-1.7x faster gathered, its 28x28 ones (0.93) 1.0-1.5x
+    slower, its 14x14 ones (0.78) within 5% either way."""
+    return row_fill(problem, rows) < GATHER_BELOW_FILL
+
+
+def window(step: Step) -> tuple[slice, ...]:
+    """The phase's window of the padded dy as (N, H, W, O) (a 1-D problem's H is 1)."""
+    size = (1,) * (len(step.origin) - step.problem.ndim) + step.problem.in_size
+    return (slice(None), *(slice(o, o + n) for o, n in zip(step.origin, size)))
+
+
+def outputs(step: Step) -> tuple[slice, ...]:
+    """Where the phase's outputs lie in dx as (N, H, W, C)."""
+    return (slice(None), *(slice(f, None, s) for f, s in zip(step.first, step.step)))
 
 
 def reason(problem: ConvProblem) -> str | None:
