@@ -106,8 +106,8 @@ def gathers(problem: ConvProblem, rows: int) -> bool:
     """The default way to run the phases (tiles of ``rows`` pixels): gathered across
     rows where rows alone fill under ``GATHER_BELOW_FILL`` of the tiles. With 6-pixel
     tiles (AVX-512, 64-channel panels; Zen 4, batch 8, 2 threads) ResNet-50's 7x7
-    phases (fill 0.58) ran 1.4-1.7x faster gathered, its 28x28 ones (0.93) 1.0-1.5x
-    slower, its 14x14 ones (0.78) within 5% either way."""
+    phases (fill 0.58) ran 1.6x faster gathered, its 14x14 ones (0.78) 1.15x, its
+    28x28 ones (0.93) 1.15x slower."""
     return row_fill(problem, rows) < GATHER_BELOW_FILL
 
 
