@@ -44,8 +44,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 def _export_child(name: str, kind: str, batch: int, path: str) -> None:
     """In a child process: write the model's ONNX bytes to ``path``."""
-    import onnx_models as om
     import torch
+
+    from convengine.bench import onnx_models as om
 
     torch.manual_seed(0)
     model = om.randomized(om.MODELS[name](1.0))

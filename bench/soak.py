@@ -327,8 +327,7 @@ class Soak:
             if (model, kind) not in self._onnx:
                 import onnxruntime as ort
 
-                sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-                import onnx_models as om
+                from convengine.bench import onnx_models as om
 
                 shape = (1, 3, self.args.size, self.args.size)
                 net = om.randomized(self._net(model, 0))

@@ -1,18 +1,15 @@
-"""bench/bench_peers.py: its options, and one tiny run end to end in fresh processes."""
+"""convengine.bench.peers (bench/bench_peers.py, ``convengine bench --peers``): its
+options, and one tiny run end to end in fresh processes."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "bench" / "bench_peers.py"
-_spec = importlib.util.spec_from_file_location("bench_peers", _PATH)
-assert _spec is not None and _spec.loader is not None
-bench_peers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_peers)
+from convengine import cli
+from convengine.bench import peers as bench_peers
 
 
 def test_the_defaults_are_both_tables_at_batch_1_and_8():
@@ -43,6 +40,21 @@ def test_subsets_are_parsed_and_checked():
     with pytest.raises(ValueError, match="--passes must be >= 1"):
         bench_peers.parse(["--passes", "0"])
     assert bench_peers.main(["--kinds", "int4"]) == 2  # a bad option: exit status 2
+
+
+def test_convengine_bench_peers_passes_its_options_on(monkeypatch, tmp_path):
+    """``convengine bench --peers`` runs this benchmark with the models, batch sizes,
+    threads and JSON file given to ``bench``."""
+    seen: list[list[str]] = []
+    monkeypatch.setattr(bench_peers, "main", lambda argv: seen.append(argv) or 0)
+    out = str(tmp_path / "p.json")
+    assert cli.main(["bench", "--peers", "--model", "mobilenet_v2", "--batch", "1",
+                     "--threads", "1", "--json", out]) == 0
+    assert cli.main(["bench", "--peers"]) == 0
+    assert seen == [["--threads", "1", "--models", "mobilenet_v2", "--batch", "1",
+                     "--json", out], ["--threads", "2"]]
+    with pytest.raises(SystemExit):  # a layer suite's options make no sense with --peers
+        cli.main(["bench", "--peers", "--compare", "torch"])
 
 
 def test_outputs_are_compared_relative_to_the_reference():

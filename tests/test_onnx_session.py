@@ -6,9 +6,6 @@ unrewritten reference, errors, and small exported ResNet-50 / MobileNetV2 models
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
@@ -458,8 +455,7 @@ WIDTHS = {"resnet50": 0.125, "mobilenet_v2": 0.25}
 
 def _models():
     pytest.importorskip("torch")
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
-    import onnx_models
+    from convengine.bench import onnx_models
 
     return onnx_models
 

@@ -263,6 +263,8 @@ def _fmt_ms(s: float | None) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.peers:
+        return _bench_peers(args)
     if args.model is not None:
         return _bench_model(args)
     _set_threads(args.threads)
@@ -357,6 +359,22 @@ def _bench_model(args: argparse.Namespace) -> int:
         argv += ["--json", args.json]
     modelbench.main(argv)
     return 0
+
+
+def _bench_peers(args: argparse.Namespace) -> int:
+    """Whole networks against ONNX Runtime, OpenVINO, PyTorch eager and ``torch.compile``,
+    each engine in a fresh process (:mod:`convengine.bench.peers`; extras torch, onnx
+    and bench): ``--model``, ``--batch``, ``--threads`` and ``--json`` passed on."""
+    from .bench import peers
+
+    argv = ["--threads", str(args.threads)]
+    if args.model is not None:
+        argv += ["--models", args.model]
+    if args.batch:
+        argv += ["--batch", str(args.batch)]
+    if args.json is not None and args.json != "-":
+        argv += ["--json", args.json]
+    return int(peers.main(argv))
 
 
 # --------------------------------------------------------------------------- tune
@@ -592,7 +610,13 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="tune and time a layer suite, optionally against PyTorch")
     _suite_args(p, "forward", threads=2)
-    p.add_argument("--compare", choices=["torch"], help="also time PyTorch, interleaved")
+    against = p.add_mutually_exclusive_group()
+    against.add_argument("--compare", choices=["torch"], help="also time PyTorch, interleaved")
+    against.add_argument("--peers", action="store_true",
+                         help="whole networks (--model, default both) against ONNX Runtime, "
+                              "OpenVINO, PyTorch eager and torch.compile, each engine in a fresh "
+                              "process, batch 1 and 8 unless --batch (needs the torch, onnx and "
+                              "bench extras; see convengine.bench.peers)")
     p.add_argument("--model", metavar="NAMES",
                    help="whole networks instead of a layer suite: resnet50 and/or mobilenet_v2, "
                         "comma-separated (needs the torch extra; see convengine.bench.modelbench)")

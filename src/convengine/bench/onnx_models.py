@@ -50,6 +50,7 @@ def randomized(model: nn.Module, seed: int = 0) -> nn.Module:
     g = torch.Generator().manual_seed(seed)
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
+            assert m.running_mean is not None and m.running_var is not None
             m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
             m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
             m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
@@ -69,7 +70,8 @@ def export(model: nn.Module, shape: tuple[int, ...], *, dynamo: bool,
                                         dynamic_shapes=({0: torch.export.Dim("batch")},))
             assert program is not None
             return program.model_proto.SerializeToString()
-        torch.onnx.export(model, (x,), buf, dynamo=False, opset_version=opset,
+        torch.onnx.export(model, (x,), buf,  # type: ignore[arg-type]  # a file object
+                          dynamo=False, opset_version=opset,
                           input_names=["input"], output_names=["logits"],
                           dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
     return buf.getvalue()
@@ -100,8 +102,8 @@ def quantize(model_bytes: bytes, shape: tuple[int, ...], *, qdq: bool, per_chann
                           quant_format=q.QuantFormat.QDQ if qdq else q.QuantFormat.QOperator,
                           per_channel=per_channel, activation_type=q.QuantType.QUInt8,
                           weight_type=q.QuantType.QInt8, reduce_range=reduce_range)
-        with open(dst, "rb") as f:
-            return f.read()
+        with open(dst, "rb") as quantized:
+            return quantized.read()
 
 
 MODELS: dict[str, Callable[[float], nn.Module]] = {
