@@ -39,8 +39,6 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(__file__))
-
 
 def _export_child(name: str, kind: str, batch: int, path: str) -> None:
     """In a child process: write the model's ONNX bytes to ``path``."""
