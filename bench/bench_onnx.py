@@ -44,10 +44,11 @@ def _export_child(name: str, kind: str, batch: int, path: str) -> None:
     """In a child process: write the model's ONNX bytes to ``path``."""
     import torch
 
+    from convengine.bench import models
     from convengine.bench import onnx_models as om
 
     torch.manual_seed(0)
-    model = om.randomized(om.MODELS[name](1.0))
+    model = models.randomized(om.MODELS[name](1.0))
     data = om.export(model, (batch, 3, 224, 224), dynamo=False)
     if kind != "float":
         data = om.quantize(data, (1, 3, 224, 224), qdq=kind == "qdq", per_channel=True,

@@ -327,10 +327,11 @@ class Soak:
             if (model, kind) not in self._onnx:
                 import onnxruntime as ort
 
+                from convengine.bench import models
                 from convengine.bench import onnx_models as om
 
                 shape = (1, 3, self.args.size, self.args.size)
-                net = om.randomized(self._net(model, 0))
+                net = models.randomized(self._net(model, 0))
                 with self.fx.tracing():
                     data = om.export(net, shape, dynamo=False)
                 if kind != "fp32":

@@ -465,12 +465,14 @@ def exported():
     om = _models()
     import torch
 
+    from convengine.bench.models import randomized
+
     cache = {}
 
     def get(name, dynamo):
         if (name, dynamo) not in cache:
             torch.manual_seed(0)  # the same weights whichever test asks first (pytest-xdist)
-            model = om.randomized(om.MODELS[name](WIDTHS[name]))
+            model = randomized(om.MODELS[name](WIDTHS[name]))
             cache[name, dynamo] = om.export(model, SHAPE, dynamo=dynamo)
         return cache[name, dynamo]
     return get
@@ -730,10 +732,12 @@ def test_exported_op_zoo_matches_onnxruntime(dynamo):
 
     import torch
 
+    from convengine.bench.models import randomized
+
     if dynamo:
         pytest.importorskip("onnxscript")
     torch.manual_seed(0)
-    model = om.randomized(om.OpZoo())
+    model = randomized(om.OpZoo())
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         if dynamo:

@@ -8,7 +8,8 @@ are copied (same modules, same order, same state_dict keys as torchvision 0.2x):
 
 ``width`` scales every channel count (``width=1/8`` builds a tiny net for tests);
 weights are initialised as torchvision initialises them; parameter counts match
-torchvision (25,557,032 and 3,504,872 at width 1).
+torchvision (25,557,032 and 3,504,872 at width 1). :func:`randomized` gives a model
+random BatchNorm statistics, so that folding them matters in a benchmark.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 
 __all__ = ["Bottleneck", "InvertedResidual", "MobileNetV2", "ResNet", "mobilenet_v2",
-           "resnet50"]
+           "randomized", "resnet50"]
 
 
 def _scaled(channels: int, width: float) -> int:
@@ -195,3 +196,16 @@ class MobileNetV2(nn.Module):
 def mobilenet_v2(num_classes: int = 1000, width: float = 1.0) -> MobileNetV2:
     """torchvision's ``mobilenet_v2()`` (52 convs, 3.5 M parameters at width 1)."""
     return MobileNetV2(num_classes=num_classes, width=width)
+
+
+def randomized(model: nn.Module, seed: int = 0) -> nn.Module:
+    """``model`` in eval mode with random BatchNorm statistics (so folding matters)."""
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            assert m.running_mean is not None and m.running_var is not None
+            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.bias.data.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+    return model.eval()

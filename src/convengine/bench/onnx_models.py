@@ -45,19 +45,6 @@ class OpZoo(nn.Module):
         return probs, nn.functional.interpolate(d, scale_factor=2, mode="bilinear")
 
 
-def randomized(model: nn.Module, seed: int = 0) -> nn.Module:
-    """``model`` in eval mode with random BatchNorm statistics (so folding matters)."""
-    g = torch.Generator().manual_seed(seed)
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            assert m.running_mean is not None and m.running_var is not None
-            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
-            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-            m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-            m.bias.data.copy_(torch.randn(m.num_features, generator=g) * 0.1)
-    return model.eval()
-
-
 def export(model: nn.Module, shape: tuple[int, ...], *, dynamo: bool,
            opset: int = 20) -> bytes:
     """The ONNX bytes of ``model`` for an input of ``shape`` (batch dim dynamic)."""

@@ -77,7 +77,6 @@ def _network(name: str, width: float) -> Any:
     """The eval-mode network, seeded, with random BatchNorm statistics; the architectures
     are loaded from convengine's source by path, without importing convengine."""
     import torch
-    from torch import nn
 
     spec = importlib.util.find_spec("convengine")  # finds the package, runs nothing
     assert spec is not None and spec.submodule_search_locations is not None
@@ -87,16 +86,7 @@ def _network(name: str, width: float) -> Any:
     models = importlib.util.module_from_spec(mspec)
     mspec.loader.exec_module(models)
     torch.manual_seed(0)
-    net = getattr(models, name)(width=width)
-    g = torch.Generator().manual_seed(0)
-    for m in net.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            assert m.running_mean is not None and m.running_var is not None
-            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
-            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-            m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-            m.bias.data.copy_(torch.randn(m.num_features, generator=g) * 0.1)
-    return net.eval()
+    return models.randomized(getattr(models, name)(width=width))
 
 
 def _input(batch: int, size: int) -> Any:

@@ -35,7 +35,7 @@ from ... import host_params, memory
 from ..._host import ACCUMULATORS, VECTOR_BYTES, VECTOR_REGISTERS
 from ..._kernel_cache import instantiate, kernel
 from ...epilogue_codes import CPU_STORE, Activation, names
-from ...params import Params, Space
+from ...params import Params, Space, value
 from ...problem import ConvProblem
 from ...registry import register
 from ...threads import get_num_threads
@@ -751,7 +751,7 @@ def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray,
     if _narrow(problem):
         return narrow.backward_data(problem, dy, w)
     steps, dy_pads = strided.plan(problem)
-    gather = (params or {}).get("gather", strided.gathers(problem, ACCUMULATORS // (nr // VEC)))
+    gather = value(_tunables_bwd_data(problem), params, "gather")
     dx = (memory.empty if len(steps) == math.prod(problem.stride) else memory.zeros)(
         problem.x_shape("NHWC"), np.float32)
     dyp = pad(dy, problem.ndim, dy_pads)  # (N, H, W, O)
@@ -776,12 +776,18 @@ def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray,
     return dx
 
 
+def _phase_shapes(problem: ConvProblem, steps: Sequence[strided.Step],
+                  nr: int) -> list[tuple[int, ...]]:
+    """The shape of each phase's packed sub-kernel (:func:`pack_weight`'s layout)."""
+    blocks, lead = -(-problem.in_channels // nr), (1,) * (2 - problem.ndim)
+    return [(blocks, *lead, *s.problem.kernel, problem.out_channels, nr) for s in steps]
+
+
 def _phase_panels(flat: np.ndarray, problem: ConvProblem, steps: Sequence[strided.Step],
                   nr: int) -> list[np.ndarray]:
-    """The phases' packed sub-kernels (:func:`pack_weight`'s layout), views of ``flat``."""
-    blocks, panels, at = -(-problem.in_channels // nr), [], 0
-    for s in steps:
-        shape = (blocks, *(1,) * (2 - problem.ndim), *s.problem.kernel, problem.out_channels, nr)
+    """The phases' packed sub-kernels, views of ``flat`` one after another."""
+    panels, at = [], 0
+    for shape in _phase_shapes(problem, steps, nr):
         panels.append(flat[at:at + math.prod(shape)].reshape(shape))
         at += math.prod(shape)
     return panels
@@ -790,9 +796,7 @@ def _phase_panels(flat: np.ndarray, problem: ConvProblem, steps: Sequence[stride
 def _pack_phases(w: np.ndarray, problem: ConvProblem, steps: Sequence[strided.Step],
                  nr: int) -> np.ndarray:
     """Every phase's flipped sub-kernel packed, one after another in one flat array."""
-    count = sum(-(-problem.in_channels // nr) * nr * math.prod(s.problem.kernel)
-                * problem.out_channels for s in steps)
-    flat = np.empty(count, np.float32)
+    flat = np.empty(sum(map(math.prod, _phase_shapes(problem, steps, nr))), np.float32)
     for s, panels in zip(steps, _phase_panels(flat, problem, steps, nr), strict=True):
         pack_weight(strided.sub_kernel(w, problem, s.phase), problem.ndim, nr, out=panels)
     return flat
