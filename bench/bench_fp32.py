@@ -51,6 +51,7 @@ import numpy as np
 
 import convengine as ce
 from convengine.bench import suites
+from convengine.peak import cpu_name
 
 PASSES = ("forward", "backward_data", "backward_weight")
 PAGE = 4096
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory", action="store_true", help="also compare peak memory "
                    "(forward); pins glibc's mmap threshold, which adds page faults to every "
                    "timing: run timings and memory separately")
-    p.add_argument("--json", default="bench_fp32.json")
+    p.add_argument("--json", default=None, help="also write the rows and means to this file")
     a = p.parse_args(argv)
 
     torch = _torch()
@@ -251,13 +252,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  peak memory ours / torch_best: geomean {geomean(mem):.2f}, max {max(mem):.2f}")
     meta = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": platform.processor() or platform.machine(),
+        "machine": platform.processor() or platform.machine(), "cpu": cpu_name(),
         "threads": a.threads, "torch": torch.__version__, "convengine": ce.__version__,
         "numpy": np.__version__, "rounds": a.rounds, "argv": sys.argv[1:],
     }
-    with open(a.json, "w") as f:
-        json.dump({"meta": meta, "summary": summary, "rows": rows}, f, indent=1)
-    print(f"wrote {a.json}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"meta": meta, "summary": summary, "rows": rows}, f, indent=1)
+        print(f"wrote {a.json}")
     return 0
 
 

@@ -176,3 +176,41 @@ def test_a_remembered_depthwise_call_holds_the_plan_for_its_thread_count():
             assert bound(x, w).shape == problem.y_shape("NHWC")
     finally:
         ce.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("pass_", ["forward", "backward_data"])
+def test_a_remembered_blocked_call_follows_weights_changed_in_place(pass_):
+    """blocked binds its kernel to the remembered call once (prepare); weights written
+    in place between calls still give their own result, and the binding keeps no
+    weights alive (only the weight cache does)."""
+    import gc
+    import weakref
+
+    from convengine.algorithms.blocked import forward as blocked
+
+    x = RNG.standard_normal((2, 7, 7, 16), dtype=np.float32)
+    w = RNG.standard_normal((32, 3, 3, 16), dtype=np.float32)
+    dy = RNG.standard_normal((2, 7, 7, 32), dtype=np.float32)
+    kw = {"padding": 1, "layout": "NHWC", "algo": "blocked"}
+
+    def call():
+        if pass_ == "forward":
+            return ce.conv(x, w, **kw), reference("forward", x, w, **kw)
+        return (ce.conv_backward_data(dy, w, x.shape, **kw),
+                reference("backward_data", dy, w, x.shape, **kw))
+
+    api._CALLS.clear()
+    for _ in range(3):
+        got, want = call()
+        assert_close(got, want, "float32")
+        w *= -1.5  # in place: the same array object, other bits
+    (entry,) = [e for e in api._CALLS.values() if e[2].name == "blocked"]
+    assert entry[1].pass_ == pass_
+    blocked.PACKED.clear()
+    call()
+    packed = [weakref.ref(u) for _, u, _ in
+              (item for items in blocked.PACKED.entries.values() for item in items)]
+    assert packed
+    blocked.PACKED.clear()
+    gc.collect()
+    assert all(ref() is None for ref in packed)

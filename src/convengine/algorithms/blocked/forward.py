@@ -572,29 +572,40 @@ def bind_forward(problem: ConvProblem, wp: np.ndarray, bias: np.ndarray | None =
     (``tasks``, ``inside``: :func:`tunables`; the panel width is ``wp``'s). Everything
     but the call itself is worked out here, once: a batch-1 network calls each conv
     for tens of microseconds."""
+    if walk is None:
+        nr, walk = wp.shape[-1], packed_walk(wp, problem.dilation[-1])
+    assert nr is not None
+    run, wf = _binding(problem, nr, walk, wp.nbytes, bias, params), wp.reshape(-1)
+    return lambda x, residual, activation: run(x, wf, residual, activation)
+
+
+def _binding(problem: ConvProblem, nr: int, walk: WeightWalk, weight_bytes: int,
+             bias: np.ndarray | None, params: Params | None
+             ) -> Callable[[np.ndarray, np.ndarray, np.ndarray | None, str], np.ndarray]:
+    """:func:`bind_forward`'s work, for any weights of ``weight_bytes`` bytes that
+    ``walk`` reads (panels of ``nr`` channels): ``run(x, wf, residual, activation)``
+    with the weights ``wf`` flat. It holds no weights: a binding kept across calls
+    does not keep the weights of an earlier call alive."""
     shape = tuple(problem.y_shape("NHWC"))
     lead = 2 - problem.ndim
     shape4 = (shape[0], *(1,) * lead, *shape[1:])  # y as (N, OH, OW, O)
     strides = (1,) * lead + problem.stride + (1,) * lead + problem.dilation  # sh sw dh dw
-    if walk is None:
-        nr, walk = wp.shape[-1], packed_walk(wp, strides[3])
-    assert nr is not None
     nvec, blocks = nr // VEC, -(-shape[-1] // nr)
     if bias is None:
         bias = np.zeros(blocks * nr, np.float32)
     tiles = -(-problem.batch * math.prod(problem.out_size) // gather_rows(nvec))
     chosen = params or {}
-    inside = bool(chosen.get("inside", wp.nbytes <= BLOCKS_INSIDE_BYTES))
+    inside = bool(chosen.get("inside", weight_bytes <= BLOCKS_INSIDE_BYTES))
     tasks = chosen.get("tasks", TASKS_PER_THREAD)
     split = (_per_task(tiles, 1 if inside else blocks, tasks), inside, *walk)
-    streaming = _streams(shape, nr, inside)
-    driver, wf = _gather_driver(nvec, streaming), wp.reshape(-1)
+    driver = _gather_driver(nvec, _streams(shape, nr, inside))
     ndim, padding = problem.ndim, problem.padding
     padded = any(p != (0, 0) for p in padding)
     x4_shape = (problem.batch, *(1,) * lead, *problem.in_size, problem.in_channels)
     alloc = memory.allocator(shape4, np.float32)
 
-    def run(x: np.ndarray, residual: np.ndarray | None, activation: str) -> np.ndarray:
+    def run(x: np.ndarray, wf: np.ndarray, residual: np.ndarray | None,
+            activation: str) -> np.ndarray:
         y4 = alloc()
         xp = pad(x, ndim, padding) if padded else np.ascontiguousarray(x).reshape(x4_shape)
         driver(xp, wf, y4, bias, y4 if residual is None else residual,
@@ -602,6 +613,25 @@ def bind_forward(problem: ConvProblem, wp: np.ndarray, bias: np.ndarray | None =
                *split)
         return y4.reshape(shape)
     return run
+
+
+def _packed_runner(problem: ConvProblem, kind: tuple[Any, ...],
+                   pack: Callable[[np.ndarray], np.ndarray], params: Params | None
+                   ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """``fn(x, w)``: the forward conv ``problem`` of x by the weights ``pack(w)``,
+    found in :data:`PACKED` under ``kind`` on every call (weights changed in place
+    miss), bound on the first call only (:func:`_binding`: the packed shape, all the
+    binding depends on, is the problem's). An algorithm's ``prepare``: a call the API
+    remembers skips the binding, 6-10 us of Python a call (Emerald Rapids)."""
+    bound: list[Callable[..., np.ndarray]] = []
+
+    def fn(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        wp, _ = PACKED.get(w, kind, pack)
+        if not bound:
+            walk = packed_walk(wp, problem.dilation[-1])
+            bound.append(_binding(problem, wp.shape[-1], walk, wp.nbytes, None, params))
+        return bound[0](x, wp.reshape(-1), None, "none")
+    return fn
 
 
 def _streams(y_shape: tuple[int, ...], nr: int, blocks_inside: bool) -> bool:
@@ -674,14 +704,19 @@ def run_into(out: np.ndarray, first: tuple[int, ...], step: tuple[int, ...],
                   step[0] * ww * o, step[1] * o, oh, ow, sh, sw, dh, dw, per_task)
 
 
+def _prepare_fwd(problem: ConvProblem, params: Params | None = None
+                 ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """``fn(x, w)``: :func:`blocked_fwd`, bound once (:func:`_packed_runner`)."""
+    nr = VEC * (params or {}).get("nvec", panel_vectors(problem.out_channels))
+    return _packed_runner(problem, ("forward", problem.ndim, nr),
+                          lambda w: pack_weight(w, problem.ndim, nr), params)
+
+
 @register("blocked", "forward", supports=_supports, workspace_bytes=_workspace, accuracy=2,
-          numpy_math=False, tunables=tunables)
+          numpy_math=False, prepare=_prepare_fwd, tunables=tunables)
 def blocked_fwd(problem: ConvProblem, x: np.ndarray, w: np.ndarray,
                 params: Params | None = None) -> np.ndarray:
-    nr = VEC * (params or {}).get("nvec", panel_vectors(problem.out_channels))
-    wp, _ = PACKED.get(w, ("forward", problem.ndim, nr),
-                       lambda w: pack_weight(w, problem.ndim, nr))
-    return _forward(problem, x, wp, params=params)
+    return _prepare_fwd(problem, params)(x, w)
 
 
 def _narrow(problem: ConvProblem) -> bool:
@@ -730,24 +765,41 @@ def _tunables_bwd_data(problem: ConvProblem) -> Space:
     return {"gather": (gather, 1 - gather)}
 
 
+def _flipped_runner(problem: ConvProblem, nr: int, params: Params | None
+                    ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """``fn(dy, w)``: stride-1 backward-data as the forward conv of dy by the flipped
+    weights, packed (:func:`_packed_runner`)."""
+    return _packed_runner(backward_data_as_forward(problem), ("flipped", problem.ndim, nr),
+                          lambda w: pack_weight(flipped_view(w), problem.ndim, nr), params)
+
+
+def _prepare_bwd_data(problem: ConvProblem, params: Params | None = None
+                      ) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
+    """``fn(dy, w)``: stride-1 :func:`blocked_bwd_data` with weights that stay, bound
+    once (:func:`_flipped_runner`); None (run as is) for the strided paths. Transient
+    weights are part of the API's remembered settings: fn is never kept across a
+    change of them."""
+    nr = VEC * (params or {}).get("nvec", panel_vectors(problem.in_channels))
+    if any(s != 1 for s in problem.stride) or (is_transient() and problem.in_channels % nr == 0):
+        return None
+    return _flipped_runner(problem, nr, params)
+
+
 @register("blocked", "backward_data", supports=_supports_bwd_data,
           workspace_bytes=_workspace_bwd_data, accuracy=2, numpy_math=False,
-          tunables=_tunables_bwd_data)
+          prepare=_prepare_bwd_data, tunables=_tunables_bwd_data)
 def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray,
                      params: Params | None = None) -> np.ndarray:
     """Stride 1: the forward conv of dy with the flipped kernel; few input channels:
     :mod:`.narrow`; else by phases (:mod:`.strided`)."""
     nr = VEC * (params or {}).get("nvec", panel_vectors(problem.in_channels))
     if all(s == 1 for s in problem.stride):
-        forward = backward_data_as_forward(problem)
         if is_transient() and problem.in_channels % nr == 0:
             # weights that change every call (training): read in place, not packed
             w4 = _as2d(w, problem.ndim)
-            return _forward(forward, dy, w4, nr=nr, walk=flipped_walk(w4, nr),
-                            params=params)
-        wp, _ = PACKED.get(w, ("flipped", problem.ndim, nr),
-                           lambda w: pack_weight(flipped_view(w), problem.ndim, nr))
-        return _forward(forward, dy, wp, params=params)
+            return _forward(backward_data_as_forward(problem), dy, w4, nr=nr,
+                            walk=flipped_walk(w4, nr), params=params)
+        return _flipped_runner(problem, nr, params)(dy, w)
     if _narrow(problem):
         return narrow.backward_data(problem, dy, w)
     steps, dy_pads = strided.plan(problem)
