@@ -228,6 +228,7 @@ def test_tune_searches_parameters_and_calls_get_the_winner(knobbed):
     (result,) = tuner.tune([p])
     assert result.choice == "knobbed[split=2]" and result.why == "faster"
     assert measured[1] == ["knobbed", "knobbed[split=2]", "knobbed[split=4]"]
+    assert measured[2] == ["knobbed", "knobbed[split=2]"]  # the win confirmed
     (entry,) = tuner.default_cache().entries()
     assert entry.choice == "knobbed[split=2]"
     chosen = tuner.choose(p)
@@ -245,15 +246,34 @@ def test_a_parameter_within_the_margin_keeps_the_default(knobbed):
     assert result.choice == "knobbed"
 
 
+def test_a_parameter_win_that_does_not_reproduce_keeps_the_default(knobbed, monkeypatch):
+    """The variant found is timed against the starting point once more; a win that
+    does not come back (a noisy first comparison) is dropped."""
+    _, timings, measured = knobbed
+    fake = bench.benchmark
+
+    def slower_when_confirmed(p, candidates, keep=None):
+        if len(measured) == 2:  # algorithms, then split's values: now the confirmation
+            timings["knobbed[split=2]"] = 0.98e-3  # no faster than the default after all
+        return fake(p, candidates, keep)
+
+    monkeypatch.setattr(bench, "benchmark", slower_when_confirmed)
+    (result,) = tuner.tune([problem()])
+    assert measured[-1] == ["knobbed", "knobbed[split=2]"]
+    assert result.choice == "knobbed"
+    (entry,) = tuner.default_cache().entries()
+    assert entry.choice == "knobbed"
+
+
 def test_first_call_tuning_times_algorithms_only_and_tune_searches_later(knobbed):
     _, _, measured = knobbed
     p = problem()
     assert tuner.choose(p).label == "knobbed"  # mode "on": the first call's tuning
     assert len(measured) == 1 and "knobbed[split=2]" not in measured[0]
     (result,) = tuner.tune([p])  # the cached algorithm, its parameters searched now
-    assert result.choice == "knobbed[split=2]" and len(measured) == 2
+    assert result.choice == "knobbed[split=2]" and len(measured) == 3  # search, confirmation
     (again,) = tuner.tune([p])
-    assert again.source == "cache" and len(measured) == 2
+    assert again.source == "cache" and len(measured) == 3
 
 
 def test_a_stored_label_the_algorithm_no_longer_accepts_is_not_applied(knobbed):
@@ -302,4 +322,4 @@ def test_warmup_tunes_algorithms_only_when_asked(knobbed):
     ce.warmup([p], tune=True, search=False, progress=False)
     assert len(measured) == 1  # the algorithms, as a first call (build-cache) times them
     ce.warmup([p], tune=True, progress=False)
-    assert len(measured) == 2 and "knobbed[split=2]" in measured[1]
+    assert len(measured) == 3 and "knobbed[split=2]" in measured[1]  # search, confirmation
