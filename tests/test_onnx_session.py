@@ -586,7 +586,11 @@ def test_quantized_qdq_model_matches_onnxruntime(exported, name, per_channel):
     last = next(n for n in reversed(graph.node) if n.op_type == "DequantizeLinear")
     step = float(inits[last.input[1]])
     assert y.dtype == expected.dtype and y.shape == expected.shape
-    assert np.abs(y - expected).max() <= 3 * step + 1e-6
+    # in output steps, rounded: both are float32 multiples of the step, and at values
+    # of 10-20 their float32 difference carries ulps beyond 1e-6 (Emerald Rapids,
+    # 2026-12-07: exactly 3 steps read 1.7879639 against 3 * step + 1e-6 = 1.7879635)
+    steps = np.rint(np.abs(y.astype(np.float64) - expected) / step)
+    assert steps.max() <= 3
     assert np.mean(y != expected) <= 1 / 3
 
 

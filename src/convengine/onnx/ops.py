@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx  # absolute import: the onnx package
-from onnx import numpy_helper
 
 from .. import api, problem
 from ..errors import ConvSetupError
 from ..threads import single_threaded_blas
-from . import kernels
+from . import kernels, proto
+
+if TYPE_CHECKING:  # annotations only: the messages are read through .proto, not onnx
+    import onnx
 
 Array = np.ndarray
 Op = Callable[[Sequence["Array | None"], Mapping[str, Any]], list[Array]]
@@ -35,11 +36,11 @@ def attributes(node: onnx.NodeProto) -> dict[str, Any]:
     """The node's attributes as Python values (strings decoded, tensors as arrays)."""
     attrs: dict[str, Any] = {}
     for a in node.attribute:
-        value = onnx.helper.get_attribute_value(a)
+        value = proto.attribute_value(a)
         if isinstance(value, bytes):
             value = value.decode()
-        elif isinstance(value, onnx.TensorProto):
-            value = numpy_helper.to_array(value)
+        elif proto.is_message(value, "TensorProto"):
+            value = proto.to_array(value, f"attribute {a.name!r}")
         attrs[a.name] = value
     return attrs
 
@@ -558,7 +559,7 @@ def _gather(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Ar
 
 def _cast(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:
     (x,) = operands(inputs, "Cast", 1, 1)
-    return [x.astype(onnx.helper.tensor_dtype_to_np_dtype(int(attrs["to"])))]
+    return [x.astype(proto.np_dtype(int(attrs["to"])))]
 
 
 def _constant(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[Array]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConvSetupError
-from . import kernels
+from . import kernels, proto
 from .ops import Array, Op, check_rank, conv_args, matmul_quiet, operands, to_first, to_last
 
 
@@ -62,9 +62,7 @@ def _quantize(inputs: Sequence[Array | None], attrs: Mapping[str, Any]) -> list[
         raise NotImplementedError("QuantizeLinear with block_size is not supported")
     dtype = np.dtype(np.uint8) if zp is None else zp.dtype
     if "output_dtype" in attrs and int(attrs["output_dtype"]):
-        import onnx
-
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(attrs["output_dtype"])))
+        dtype = proto.np_dtype(int(attrs["output_dtype"]))
     if dtype.kind not in "iu":
         raise NotImplementedError(f"QuantizeLinear to {dtype} is not supported (integers only)")
     axis = int(attrs.get("axis", 1))

@@ -23,13 +23,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 
 from ..errors import ConvSetupError
 from ..threads import get_num_threads, note_active, set_num_threads, wake_after_idle
+from . import proto
 from .convstep import ConvStep, GemmStep, gemm_step
 from .ops import (
     OPS,
@@ -52,6 +52,9 @@ from .validate import (
     source_name,
     tensor_array,
 )
+
+if TYPE_CHECKING:  # annotations only: the messages are read through .proto, not onnx
+    import onnx
 
 DOMAINS: dict[str, dict[str, Op]] = {"": {**OPS, **QOPS}, "com.microsoft": MICROSOFT_OPS}
 
@@ -84,9 +87,8 @@ def _info(value: onnx.ValueInfoProto, what: str) -> TensorInfo:
     dtype = None
     try:
         if t.elem_type:
-            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))
-        type_name = onnx.TensorProto.DataType.Name(t.elem_type).lower() if t.elem_type \
-            else "?"
+            dtype = proto.np_dtype(t.elem_type)
+        type_name = proto.type_name(t.elem_type).lower() if t.elem_type else "?"
     except (KeyError, ValueError):
         raise ConvSetupError(f"{what} {value.name!r}: elem_type {t.elem_type} is not an "
                              f"ONNX tensor type") from None

@@ -20,27 +20,18 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
 from .. import problem
 from ..errors import ConvSetupError
+from . import proto
 
-# the typed field that holds each data type's values when raw_data is absent, and
-# the bytes one value takes in raw_data
-_FIELDS: dict[int, tuple[str, int]] = {
-    onnx.TensorProto.FLOAT: ("float_data", 4), onnx.TensorProto.DOUBLE: ("double_data", 8),
-    onnx.TensorProto.INT64: ("int64_data", 8), onnx.TensorProto.UINT64: ("uint64_data", 8),
-    onnx.TensorProto.UINT32: ("uint64_data", 4), onnx.TensorProto.INT32: ("int32_data", 4),
-    onnx.TensorProto.INT16: ("int32_data", 2), onnx.TensorProto.UINT16: ("int32_data", 2),
-    onnx.TensorProto.INT8: ("int32_data", 1), onnx.TensorProto.UINT8: ("int32_data", 1),
-    onnx.TensorProto.BOOL: ("int32_data", 1), onnx.TensorProto.FLOAT16: ("int32_data", 2),
-    onnx.TensorProto.BFLOAT16: ("int32_data", 2),
-}
-# the com.microsoft operators' (min, max) inputs; onnx.defs has the others' schemas
+if TYPE_CHECKING:  # annotations only: the messages are read through .proto, not onnx
+    import onnx
+
+# the com.microsoft operators' (min, max) inputs; .proto has the default domain's
 _MICROSOFT_INPUTS = {"QLinearAdd": (7, 8), "QLinearGlobalAveragePool": (5, 5),
                      "QLinearConcat": (5, 1 << 30), "QGemm": (6, 9)}
 # ops with conv / pool attributes, and the input index of their weight
@@ -54,23 +45,26 @@ def source_name(model: Any) -> str | None:
 
 
 def load(model: Any) -> onnx.ModelProto:
-    """``model`` (a ModelProto, a path or the model's bytes) as a ModelProto; a file
-    that cannot be read or decoded is a ConvSetupError naming it and the cause."""
-    if isinstance(model, onnx.ModelProto):
+    """``model`` (a ModelProto, a path or the model's bytes) as a ModelProto, without
+    the onnx package (:func:`.proto.load_model`; a path's external data read from its
+    directory); a file that cannot be read or decoded is a ConvSetupError naming it and
+    the cause."""
+    if proto.is_message(model, "ModelProto"):
         return model
     if isinstance(model, (bytes, bytearray, memoryview)):
-        what, load_ = "ONNX model (bytes)", lambda: onnx.load_from_string(bytes(model))
+        what = "ONNX model (bytes)"
     elif isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
-        what, load_ = f"ONNX model {path!r}", lambda: onnx.load(path)
+        what = f"ONNX model {os.fspath(model)!r}"
     else:
         raise TypeError(f"model must be an onnx.ModelProto, a path or the model's bytes, "
                         f"got {type(model).__name__}")
     try:
-        return load_()
+        return proto.load_model(model, problem.max_elements())
+    except ConvSetupError:
+        raise
     except OSError as error:
         raise ConvSetupError(f"{what} cannot be read: {error}") from error
-    except Exception as error:  # protobuf's DecodeError, UnicodeDecodeError, onnx's own
+    except Exception as error:  # protobuf's DecodeError, UnicodeDecodeError
         raise ConvSetupError(f"{what} is not a valid ONNX model (a truncated or damaged "
                              f"file?): {type(error).__name__}: {error}") from error
 
@@ -99,29 +93,10 @@ def tensor_array(t: onnx.TensorProto, what: str) -> np.ndarray:
         raise ConvSetupError(f"{what}: its shape {dims} declares {count:,} elements, more "
                              f"than the {problem.max_elements():,} allowed "
                              f"({problem.LIMIT_NAME})")
-    if t.data_location == onnx.TensorProto.EXTERNAL or len(t.external_data):
-        raise ConvSetupError(f"{what}: its data is in an external file; load the model "
-                             f"from its path (the file next to it)")
     try:
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
-    except Exception as error:  # KeyError for an unknown number
-        raise ConvSetupError(f"{what}: data_type {t.data_type} is not an ONNX tensor type"
-                             ) from error
-    if t.data_type == onnx.TensorProto.STRING:
-        raise ConvSetupError(f"{what}: string tensors are not supported")
-    field = _FIELDS.get(t.data_type)
-    if field is not None:
-        name, size = field
-        if t.HasField("raw_data"):
-            held, need = len(t.raw_data), count * size
-            if held != need:
-                raise ConvSetupError(f"{what}: shape {dims} of {dtype} needs {need:,} bytes "
-                                     f"of raw_data, it holds {held:,}")
-        elif len(getattr(t, name)) != count:
-            raise ConvSetupError(f"{what}: shape {dims} needs {count:,} values in "
-                                 f"{name}, it holds {len(getattr(t, name)):,}")
-    try:
-        array = numpy_helper.to_array(t)
+        array = proto.to_array(t, what)
+    except ConvSetupError:
+        raise
     except Exception as error:
         raise ConvSetupError(f"{what}: {type(error).__name__}: {error}") from error
     if array.size != count:
@@ -135,11 +110,9 @@ def _schema_inputs(domain: str, op: str, opsets: Mapping[str, int]) -> tuple[int
     domain = "" if domain == "ai.onnx" else domain
     if domain == "com.microsoft":
         return _MICROSOFT_INPUTS.get(op)
-    try:
-        schema = onnx.defs.get_schema(op, opsets.get(domain, 21), domain)
-    except Exception:  # an operator onnx does not define (a registered one)
+    if domain:
         return None
-    return schema.min_input, schema.max_input
+    return proto.schema_inputs(op, opsets.get(domain, 21))
 
 
 def _ints(attrs: Mapping[str, Any], name: str) -> list[int] | None:
