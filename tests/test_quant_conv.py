@@ -652,10 +652,29 @@ def test_implicit_gemm_against_int64_reference(n, c, o, h, w, k, pad, s, threads
     assert len(calls) == 4
 
 
-def test_work_split_prefers_rows_at_near_equal_tiles():
+@pytest.fixture
+def zen4_panels(monkeypatch):
+    """The int8 panels of a 1 MiB L2 (384 KiB, host_params.vnni_panel_bytes on Zen 4),
+    whatever this host's L2: the tile counts below are worked out for them (2 MiB
+    L2s, as on Emerald Rapids, make 768 KiB panels and other counts)."""
+    from convengine.quant.dense import kernels
+
+    def clear():
+        kernels.work_split.cache_clear()
+        if hasattr(kernels.panel_rows, "cache_clear"):
+            kernels.panel_rows.cache_clear()
+
+    clear()
+    monkeypatch.setattr(kernels, "PANEL_BYTES", 384 << 10)
+    yield kernels
+    monkeypatch.undo()
+    clear()
+
+
+def test_work_split_prefers_rows_at_near_equal_tiles(zen4_panels):
     """Column parts only where they save the busiest thread a twentieth of its tiles:
     at about equal counts the threads take row panels (each reads its own rows of x)."""
-    from convengine.quant.dense import kernels
+    kernels = zen4_panels
 
     assert kernels.work_split(3136, 64, 256, 2)[1] == 1  # 1046 vs 1048 tiles: rows
     assert kernels.work_split(49, 512, 512, 2)[1] == 2  # 7 x 7: 5 + 4 row blocks: columns
