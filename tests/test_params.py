@@ -111,6 +111,24 @@ def test_every_blocked_forward_variant_matches_the_reference(x_shape, w_shape, c
         assert_close(_run(p, label, x, w, **conv), expected, "float32", label)
 
 
+@pytest.mark.parametrize(("pass_", "x_shape", "w_shape"), [
+    ("forward", (1, 7, 7, 256), (256, 1, 1, 256)),
+    ("backward_data", (2, 5, 6, 256), (224, 3, 3, 256)),
+])
+def test_blocked_tasks_of_one_block_over_all_tiles_match_the_reference(pass_, x_shape,
+                                                                        w_shape):
+    """``by_block``: offered where the weights are not all read per tile and there are
+    several blocks (256 KiB and more, above any L1d), and right for each of its values."""
+    rng = np.random.default_rng(5)
+    conv = {"padding": 1} if w_shape[1] == 3 else {}
+    p = make_problem(pass_, x_shape, w_shape, dtype="float32", layout="NHWC", **conv)
+    assert registry.get("blocked", pass_).space(p)["by_block"] == (0, 1)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in _operands(p, rng))
+    expected = _expected(p, a, b, **conv)
+    for label in ("blocked[by_block=0]", "blocked[by_block=1]", "blocked[by_block=1,tasks=2]"):
+        assert_close(_run(p, label, a, b, **conv), expected, "float32", label)
+
+
 @pytest.mark.parametrize(("pass_", "x_shape", "w_shape", "conv", "expected_keys"), [
     ("backward_data", (2, 9, 10, 32), (48, 3, 3, 32), {"padding": 1},
      {"nvec", "tasks", "inside"}),

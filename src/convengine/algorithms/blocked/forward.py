@@ -597,7 +597,9 @@ def _binding(problem: ConvProblem, nr: int, walk: WeightWalk, weight_bytes: int,
     chosen = params or {}
     inside = bool(chosen.get("inside", weight_bytes <= BLOCKS_INSIDE_BYTES))
     tasks = chosen.get("tasks", TASKS_PER_THREAD)
-    split = (_per_task(tiles, 1 if inside else blocks, tasks), inside, *walk)
+    by_block = not inside and bool(chosen.get("by_block", 0))  # see tunables
+    per_task = tiles if by_block else _per_task(tiles, 1 if inside else blocks, tasks)
+    split = (per_task, inside, *walk)
     driver = _gather_driver(nvec, _streams(shape, nr, inside))
     ndim, padding = problem.ndim, problem.padding
     padded = any(p != (0, 0) for p in padding)
@@ -671,7 +673,14 @@ def tunables(problem: ConvProblem) -> Space:
     least: ``TASKS_PER_THREAD``, small enough to balance a thread's share, large
     enough that each task's panel stays in cache); ``inside``, whether a task writes
     every output-channel block of its tiles (weights within ``BLOCKS_INSIDE_BYTES``,
-    L1d) or one block across tiles. Not ``STREAMING_BYTES`` (whether y bypasses the
+    L1d) or one block across tiles; ``by_block`` (where not ``inside``, with more
+    than one block), whether a task is one block across all the tiles, the threads
+    then sharing out the weights and each reading all of x (rather than all the
+    weights and its share of x). Per thread that reads ``x + w / threads`` bytes
+    against ``w + x / threads``, but the rule "where w > 2 x" measured 1.005x in
+    geometric mean over the 34 layers it picked (ResNet-50 and MobileNetV2, batch 1
+    and 8, forward and backward-data; 0.86-1.16, Emerald Rapids, 2 threads), so it is
+    off by default, left to the tuner. Not ``STREAMING_BYTES`` (whether y bypasses the
     caches): that depends on the layer that reads y next, which timing one layer alone
     cannot see (alone, streaming looked 1.1-1.2x faster on MobileNetV2's 1x1 layers at
     batch 8 whose outputs the default keeps in L3 for the next layer)."""
@@ -679,9 +688,13 @@ def tunables(problem: ConvProblem) -> Space:
     nr = VEC * nvec
     weights = -(-problem.out_channels // nr) * nr * math.prod(problem.kernel) * problem.in_channels
     inside = int(4 * weights <= BLOCKS_INSIDE_BYTES)
-    return {"nvec": (nvec, *(v for v in NVECS if v != nvec)),
-            "tasks": (TASKS_PER_THREAD, *(t for t in TASK_CHOICES if t != TASKS_PER_THREAD)),
-            "inside": (inside, 1 - inside)}
+    space: Space = {
+        "nvec": (nvec, *(v for v in NVECS if v != nvec)),
+        "tasks": (TASKS_PER_THREAD, *(t for t in TASK_CHOICES if t != TASKS_PER_THREAD)),
+        "inside": (inside, 1 - inside)}
+    if not inside and problem.out_channels > nr:
+        space["by_block"] = (0, 1)
+    return space
 
 
 def run_into(out: np.ndarray, first: tuple[int, ...], step: tuple[int, ...],
@@ -780,9 +793,16 @@ def _prepare_bwd_data(problem: ConvProblem, params: Params | None = None
     weights are part of the API's remembered settings: fn is never kept across a
     change of them."""
     nr = VEC * (params or {}).get("nvec", panel_vectors(problem.in_channels))
-    if any(s != 1 for s in problem.stride) or (is_transient() and problem.in_channels % nr == 0):
+    if any(s != 1 for s in problem.stride) or _reads_in_place(problem, nr):
         return None
     return _flipped_runner(problem, nr, params)
+
+
+def _reads_in_place(problem: ConvProblem, nr: int) -> bool:
+    """Whether backward-data reads the weights in place, unpacked: weights that change
+    every call (training, ``transient``) whose input channels fill whole panels of
+    ``nr``."""
+    return is_transient() and problem.in_channels % nr == 0
 
 
 @register("blocked", "backward_data", supports=_supports_bwd_data,
@@ -794,8 +814,7 @@ def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray,
     :mod:`.narrow`; else by phases (:mod:`.strided`)."""
     nr = VEC * (params or {}).get("nvec", panel_vectors(problem.in_channels))
     if all(s == 1 for s in problem.stride):
-        if is_transient() and problem.in_channels % nr == 0:
-            # weights that change every call (training): read in place, not packed
+        if _reads_in_place(problem, nr):
             w4 = _as2d(w, problem.ndim)
             return _forward(backward_data_as_forward(problem), dy, w4, nr=nr,
                             walk=flipped_walk(w4, nr), params=params)
@@ -809,8 +828,7 @@ def blocked_bwd_data(problem: ConvProblem, dy: np.ndarray, w: np.ndarray,
     dyp = pad(dy, problem.ndim, dy_pads)  # (N, H, W, O)
     dx4, w4, lead = _as2d(dx, problem.ndim), _as2d(w, problem.ndim), 2 - problem.ndim
     weights: list[tuple[np.ndarray, WeightWalk | None]]
-    if gather and is_transient() and problem.in_channels % nr == 0:
-        # weights that change every call (training): each phase's taps read in place
+    if gather and _reads_in_place(problem, nr):  # each phase's taps read in place
         weights = [(w4, flipped_walk(w4, nr, (1,) * lead + tuple(p.taps for p in s.phase),
                                      (0,) * lead + tuple(p.a0 for p in s.phase),
                                      (1,) * lead + problem.stride)) for s in steps]
