@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import gc
 import json
 import math
@@ -85,8 +86,8 @@ def operands(layer: suites.Layer, rng: np.random.Generator) -> dict[str, np.ndar
     return {"x": x, "w": w, "dy": rng.standard_normal(y_shape, dtype=np.float32)}
 
 
-def calls(layer: suites.Layer, pass_: str, ops: dict[str, np.ndarray], algo: str
-          ) -> dict[str, Callable[[], Any]]:
+def calls(layer: suites.Layer, pass_: str, ops: dict[str, np.ndarray], algo: str,
+          prepared: bool = False) -> dict[str, Callable[[], Any]]:
     torch = _torch()
     args = layer.conv_args()
     nhwc = {k: np.ascontiguousarray(np.moveaxis(v, 1, -1)) for k, v in ops.items()}
@@ -101,6 +102,9 @@ def calls(layer: suites.Layer, pass_: str, ops: dict[str, np.ndarray], algo: str
             nhwc["x"], nhwc["dy"], w_nhwc_shape, **ours_kw),
     }[pass_]
     out = {"ours": ours}
+    if prepared and pass_ == "forward":  # constant weights: no per-call weight check
+        out["ours_prepared"] = functools.partial(
+            ce.PreparedConv(nhwc["w"], layout="NHWC", **kw), nhwc["x"])
     nd = len(layer.x) - 2
     conv = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d,
             3: torch.nn.functional.conv3d}[nd]
@@ -185,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory", action="store_true", help="also compare peak memory "
                    "(forward); pins glibc's mmap threshold, which adds page faults to every "
                    "timing: run timings and memory separately")
+    p.add_argument("--prepared", action="store_true", help="forward: also time "
+                   "convengine.PreparedConv (weights packed once, no per-call comparison "
+                   "of them), reported as ratio_prepared: a lab figure against eager "
+                   "PyTorch, which handles its weights on every call")
     p.add_argument("--json", default=None, help="also write the rows and means to this file")
     a = p.parse_args(argv)
 
@@ -210,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 ops = operands(layer, rng)
                 for pass_ in a.passes.split(","):
-                    fns = calls(layer, pass_, ops, a.algo)
+                    fns = calls(layer, pass_, ops, a.algo, a.prepared)
                     med = interleaved(fns, a.rounds, a.budget)
                     best = min(v for k, v in med.items() if k.startswith("torch"))
                     problem = layer.problem(pass_, layout="NHWC")
@@ -223,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                         "ours_gflops": problem.flops / med["ours"] / 1e9,
                         "torch_gflops": problem.flops / best / 1e9,
                     }
+                    if "ours_prepared" in med:
+                        row["ratio_prepared"] = best / med["ours_prepared"]
                     if a.memory and pass_ == "forward":
                         mem = {k: peak_bytes(f) for k, f in fns.items()}
                         tb = min(v for k, v in mem.items() if k.startswith("torch"))
@@ -231,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                         row["memory_ratio"] = max(mem["ours"], PAGE) / max(tb, PAGE)
                     rows.append(row)
                     extra = (f"  mem {row['memory_ratio']:.2f}x" if "memory_ratio" in row else "")
+                    if "ratio_prepared" in row:
+                        extra += f"  prepared {row['ratio_prepared']:5.2f}"
                     print(f"b{batch:<2} {suite:<13} {layer.name:<22} {pass_:<16} "
                           f"{row['algo']:<14} ours {row['ours_gflops']:6.1f} GF/s  torch "
                           f"{row['torch_gflops']:6.1f}  ratio {row['ratio']:5.2f}{extra}",
@@ -244,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
                        if r["batch"] == batch and r["pass"] == pass_ and group in r["groups"]]
                 if sel:
                     summary[f"b{batch} {pass_} {group}"] = geomean(sel)
+                sel = [r["ratio_prepared"] for r in rows if r["batch"] == batch
+                       and r["pass"] == pass_ and group in r["groups"] and "ratio_prepared" in r]
+                if sel:
+                    summary[f"b{batch} {pass_} {group} (PreparedConv)"] = geomean(sel)
     mem = [r["memory_ratio"] for r in rows if "memory_ratio" in r]
     print("\ngeometric means of torch_best / ours (above 1: convengine faster)")
     for k, v in summary.items():
