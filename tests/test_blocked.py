@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import convengine as ce
+from convengine import registry
 from convengine.algorithms import weight_cache
 from convengine.algorithms.blocked import forward as blocked
 from convengine.algorithms.blocked import strided
@@ -332,3 +333,66 @@ def test_compiled_drivers_are_built_once_per_panel_width():
     for nvec in (1, 2, 3, 4):
         assert blocked._gather_driver(nvec) is blocked._gather_driver(nvec)
         assert blocked._driver(nvec) is blocked._driver(nvec)
+
+
+# the reduction in pieces (the tunable ``chunk``): a first, middle and shorter last
+# piece, output channels that leave a panel's lanes unused, the epilogue (bias,
+# residual, ReLU6) on the last piece only; a 3x3 whose kernel rows' runs are split
+# across taps (fused), and a column-dilated one split along its channels
+CHUNK_CASES = [
+    ("1x1-four-pieces", (2, 5, 7, 400), (72, 1, 1, 400), {}, 128),
+    ("3x3-fused-run", (1, 9, 9, 64), (40, 3, 3, 64), dict(padding=1), 48),
+    ("3x3-col-dilated", (1, 12, 12, 48), (32, 3, 3, 48), dict(padding=2, dilation=2), 16),
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw", "chunk"), [c[1:] for c in CHUNK_CASES],
+                         ids=[c[0] for c in CHUNK_CASES])
+def test_a_reduction_in_pieces_matches_the_reference(x_shape, w_shape, kw, chunk):
+    rng = np.random.default_rng(8)
+    x, w = random(rng, x_shape, "float32"), random(rng, w_shape, "float32")
+    bias = random(rng, (w_shape[0],), "float32")
+    p = make_problem("forward", x.shape, w.shape, dtype="float32", layout="NHWC", **kw)
+    nr = blocked.VEC * blocked.panel_vectors(p.out_channels)
+    wp = blocked.pack_weight(w, 2, nr)
+    padded_bias = np.zeros(wp.shape[0] * nr, np.float32)
+    padded_bias[:p.out_channels] = bias
+    conv = reference("forward", x, w, layout="NHWC", **kw)
+    residual = random(rng, conv.shape, "float32")
+    expected = np.clip(conv + bias + residual, 0, 6)
+    results = {}
+    for pieces in (chunk, 0):  # by_block: one task over every tile, so pieces are used
+        run = blocked.bind_forward(p, wp, padded_bias,
+                                   params={"inside": 0, "by_block": 1, "chunk": pieces})
+        results[pieces] = run(x, residual, "relu6")
+        assert_close(results[pieces], expected, "float32", f"chunk={pieces}")
+    if w_shape[1:3] == (1, 1):  # one tap: the same sums in the same order
+        assert np.array_equal(results[chunk], results[0])
+
+
+def test_the_tuner_may_split_long_reductions():
+    """``chunk`` is offered (off first) where a block's weights exceed the piece's
+    bytes and the run is two pieces long, and each value runs right, backward-data's
+    read-in-place weights too; not for a short reduction nor a stem."""
+    fwd = make_problem("forward", (1, 7, 7, 1024), (128, 1, 1, 1024), dtype="float32",
+                       layout="NHWC")
+    space = registry.get("blocked", "forward").space(fwd)
+    assert space["chunk"][0] == 0 and space["chunk"][1] >= blocked.VEC
+    for short in (make_problem("forward", (1, 7, 7, 64), (128, 1, 1, 64), dtype="float32",
+                               layout="NHWC"),
+                  make_problem("forward", (1, 32, 32, 3), (64, 7, 7, 3), stride=2,
+                               padding=3, dtype="float32", layout="NHWC")):
+        assert "chunk" not in registry.get("blocked", "forward").space(short)
+    rng = np.random.default_rng(9)
+    x, w = random(rng, (1, 7, 7, 1024), "float32"), random(rng, (128, 1, 1, 1024), "float32")
+    expected = reference("forward", x, w, layout="NHWC")
+    dy = random(rng, (1, 7, 7, 1024), "float32")
+    wt = random(rng, (1024, 1, 1, 128), "float32")  # backward-data: 1024 -> 128 reversed
+    expected_dx = reference("backward_data", dy, wt, (1, 7, 7, 128), layout="NHWC")
+    for value in space["chunk"]:
+        label = f"blocked[chunk={value}]"
+        assert_close(ce.conv(x, w, layout="NHWC", algo=label), expected, "float32", label)
+        for transient in (False, True):
+            with weight_cache.transient(transient):
+                dx = ce.conv_backward_data(dy, wt, (1, 7, 7, 128), layout="NHWC", algo=label)
+            assert_close(dx, expected_dx, "float32", f"{label} backward-data")

@@ -140,3 +140,17 @@ def test_kernel_modules_use_the_derived_values():
     assert kernels.KC4_BLOCK == d["vnni_k_block"]
     assert engines.TILE_BYTES == d["fused_tile_bytes"]
     assert all(f"{name}={value}" in host_params.key() for name, value in d.items())
+
+
+def test_reduction_pieces_fit_l1d():
+    """``blocked``'s reduction pieces: two thirds of L1d in whole pages (a run-time
+    parameter, not frozen into machine code, so not part of :func:`host_params.key`)."""
+    from convengine.algorithms.blocked import forward as blocked
+
+    assert host_params.reduction_chunk_bytes(ZEN4) == 20 << 10
+    assert host_params.reduction_chunk_bytes(CacheSizes(48 << 10, 2 << 20, 105 << 20, ())) \
+        == 32 << 10
+    assert host_params.reduction_chunk_bytes(CacheSizes(1 << 10, 3 << 10, 5 << 10, ())) \
+        == host_params.PAGE
+    assert blocked.REDUCTION_CHUNK_BYTES == host_params.reduction_chunk_bytes()
+    assert "reduction_chunk_bytes" not in host_params.key()

@@ -40,6 +40,16 @@ def blocks_inside_bytes(caches: CacheSizes = CACHES) -> int:
     return _pages(caches.l1d)
 
 
+def reduction_chunk_bytes(caches: CacheSizes = CACHES) -> int:
+    """``blocked`` forward: bytes of weights per piece of a reduction split so that a
+    task's tiles reuse them. Two thirds of L1d: the piece stays in L1 while the tiles'
+    input rows (a few hundred bytes each) and partial sums stream past (32 KiB on a
+    48 KiB L1d: 128 input channels of a 64-channel panel, what ONNX Runtime's NCHWc
+    pointwise kernel takes at a time; 20 KiB on a 32 KiB L1d). A run-time argument
+    of the kernel, not frozen into its machine code: not among :func:`derived`."""
+    return max(PAGE, caches.l1d * 2 // 3 // PAGE * PAGE)
+
+
 def vnni_panel_bytes(caches: CacheSizes = CACHES) -> int:
     """int8 VNNI/AMX/AVX2 kernels: bytes of one im2col panel (rows x K). Three eighths
     of L2: the panel stays in L2 while every 64-column weight block streams past it,

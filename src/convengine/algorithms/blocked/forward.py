@@ -72,12 +72,17 @@ PREFETCH_BYTES = 4096
 # enough for the hardware prefetchers (prefetching cost 28x28x192 -> 32 8%)
 PREFETCH_MAX_REDUCTION = 96
 EPILOGUE_ACTIVATIONS = names(CPU_STORE)  # what the forward's store applies
+# the piece of a reduction a gathered micro-kernel call computes (its ``part``)
+WHOLE, FIRST, MIDDLE, LAST = range(4)
 # packed weights up to this size (L1d, see host_params.blocks_inside_bytes): a forward
 # task computes every output-channel block of its tiles (each pixel's channels written
 # at once: MobileNetV2's 16 -> 96 expansion at batch 8, 7.1 -> 5.2 ms single-threaded);
 # larger ones go block by block, whose weights then stay in L1 across tiles (at 256 KiB
 # ResNet-50's 256 -> 128 1x1 at 56x56 read 0.87x PyTorch per layer, 1.08x at 32 KiB)
 BLOCKS_INSIDE_BYTES = host_params.blocks_inside_bytes()
+# weights a forward task may reuse across its tiles (the tunable ``chunk``, see
+# tunables and host_params.reduction_chunk_bytes)
+REDUCTION_CHUNK_BYTES = host_params.reduction_chunk_bytes()
 # pixels per gathered micro-tile of one vector of output channels (16 or fewer), not
 # the 24 its accumulators allow: each pixel's input row is a pointer the tile keeps,
 # and 24 of them spill from the general registers. MobileNetV2's 32 -> 16 1x1 at
@@ -107,22 +112,27 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
 
     With ``gather`` the pixels' input offsets come from an array instead, the weights
     are addressed by strides, and the store is the inference epilogue: ``ukernel(x,
-    offsets, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr, y, y_off, ys, bias, b_off,
-    res, has_res, act, valid)`` reads ``x[offsets[r] + a*hs + b*ws + k]`` (pixels of
+    offsets, x0, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr, y, y_off, ys, bias,
+    b_off, res, has_res, act, valid, part)`` reads ``x[x0 + offsets[r] + a*hs + b*ws + k]`` (pixels of
     several output rows) times ``w[w_off + a*was + b*wbs + k*wks + j]`` (packed panels,
     or the VEC * nvec contiguous channels of a weight read in place) and stores
     lanes ``j < valid`` only, as ``act(sum + bias[b_off + j] [+ res[y_off + r*ys +
     j]])`` (the residual where ``has_res``; ``act`` an :class:`Activation` of
     ``CPU_STORE``; NaN passes both), the order and roundings of :mod:`convengine.fused_epilogue`; with
-    ``streaming`` whole panels non-temporally (:func:`_store_epilogue`).
+    ``streaming`` whole panels non-temporally (:func:`_store_epilogue`). ``part`` says
+    which piece of a reduction split in chunks the call computes (:data:`WHOLE`,
+    :data:`FIRST`, :data:`MIDDLE`, :data:`LAST`): a first or middle piece stores its
+    partial sums in y as they are (no epilogue), a middle or last one starts from the
+    sums y holds; summed in the same order, a split reduction gives the same bits as
+    a whole one where kh and kw are 1.
     """
     nr = VEC * nvec
     i = types.intp
 
     def codegen(context, builder, signature, args):
-        names = (("x", "offsets", "hs", "ws", "kh", "kw", "c", "w", "w_off", "was", "wbs",
-                  "wks", "mr", "y", "y_off", "ys", "bias", "b_off", "res", "has_res", "act",
-                  "valid")
+        names = (("x", "offsets", "x0", "hs", "ws", "kh", "kw", "c", "w", "w_off", "was",
+                  "wbs", "wks", "mr", "y", "y_off", "ys", "bias", "b_off", "res", "has_res",
+                  "act", "valid", "part")
                  if gather else ("x", "x_off", "ps", "hs", "ws", "kh", "kw", "c", "w",
                                  "w_off", "mr", "y", "y_off", "ys"))
         arg = dict(zip(names, args, strict=True))
@@ -141,19 +151,25 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
             for r in range(mr_rows):
                 rr = ir.Constant(intp, r)
                 use = builder.select(builder.icmp_signed("<", rr, mr_v), rr, last)
-                rows.append(builder.gep(x_data, [builder.load(builder.gep(offsets, [use]))]))
+                at = builder.add(arg["x0"], builder.load(builder.gep(offsets, [use])))
+                rows.append(builder.gep(x_data, [at]))
         else:
             rows = row_pointers(builder, builder.gep(x_data, [arg["x_off"]]), mr_rows, mr_v,
                                 arg["ps"])
-        if gather:  # short reductions: prefetch input and output (see PREFETCH_BYTES)
-            short = builder.icmp_signed("<=", builder.mul(arg["kh"], arg["c"]),
-                                        ir.Constant(intp, PREFETCH_MAX_REDUCTION))
+        if gather:  # short whole reductions: prefetch input and output (PREFETCH_BYTES)
+            short = builder.and_(
+                builder.icmp_signed("<=", builder.mul(arg["kh"], arg["c"]),
+                                    ir.Constant(intp, PREFETCH_MAX_REDUCTION)),
+                builder.icmp_signed("==", arg["part"], ir.Constant(intp, WHOLE)))
             with builder.if_then(short):
                 _prefetch_tile(builder, rows, y_data, arg, nvec)
         fma = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]), f"llvm.fma.v{VEC}f32")
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VF, None))
                  for _ in range(nvec)] for _ in range(mr_rows)]
+        y0 = builder.gep(y_data, [arg["y_off"]])
+        if gather:
+            _load_partials(context, builder, accs, y0, arg)
         w0 = builder.gep(w_data, [arg["w_off"]])
         w_pos = cgutils.alloca_once_value(builder, w0)
         with cgutils.for_range(builder, arg["kh"]) as a_loop:
@@ -178,7 +194,6 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
                         for j in range(nvec):
                             acc = accs[r][j]
                             builder.store(builder.call(fma, [xv, wv[j], builder.load(acc)]), acc)
-        y0 = builder.gep(y_data, [arg["y_off"]])
         if gather:
             _store_epilogue(context, builder, accs, y0, arg, data("bias"), data("res"),
                             streaming)
@@ -186,10 +201,10 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
             store_rows(builder, accs, y0, mr_v, arg["ys"], 4)
         return context.get_dummy_value()
 
-    def gathered(typingctx, x, offsets, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr, y,
-                 y_off, ys, bias, b_off, res, has_res, act, valid):
-        return types.void(x, offsets, i, i, i, i, i, w, i, i, i, i, i, y, i, i, bias, i, res,
-                          types.boolean, i, i), codegen
+    def gathered(typingctx, x, offsets, x0, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr,
+                 y, y_off, ys, bias, b_off, res, has_res, act, valid, part):
+        return types.void(x, offsets, i, i, i, i, i, i, w, i, i, i, i, i, y, i, i, bias, i,
+                          res, types.boolean, i, i, i), codegen
 
     def strided(typingctx, x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys):
         return types.void(x, i, i, i, i, i, i, i, w, i, i, y, i, i), codegen
@@ -218,36 +233,65 @@ def _prefetch_tile(builder, rows, y_data, arg, nvec) -> None:
                      True)
 
 
+def _lane_masks(builder, arg, nvec: int) -> tuple[list[ir.Value], ir.Value]:
+    """Per vector of a gathered micro-tile, the mask of its lanes below ``valid``; and
+    whether every lane of the panel is valid (an i1)."""
+    i32 = ir.IntType(32)
+    lane_ids = ir.Constant(ir.VectorType(i32, VEC), list(range(VEC)))
+    valid = builder.trunc(arg["valid"], i32)
+    masks = [builder.icmp_signed("<", lane_ids, splat(builder, builder.sub(
+        valid, ir.Constant(i32, VEC * j)), ir.VectorType(i32, VEC))) for j in range(nvec)]
+    return masks, builder.icmp_signed(">=", valid, ir.Constant(i32, VEC * nvec))
+
+
+def _load_partials(context, builder, accs, y0, arg) -> None:
+    """Start the accumulators of rows ``r < mr`` from the partial sums y holds (lanes
+    below ``valid``, the others zero) where ``part`` is MIDDLE or LAST."""
+    intp = arg["mr"].type
+    resume = builder.icmp_signed(">=", arg["part"], ir.Constant(intp, MIDDLE))
+    with builder.if_then(resume, likely=False):
+        ops = vector_ops(context, builder, types.float32)
+        masks, _ = _lane_masks(builder, arg, len(accs[0]))
+        zero = ir.Constant(_VF, None)
+        for r, row in enumerate(accs):
+            with builder.if_then(builder.icmp_signed("<", ir.Constant(intp, r), arg["mr"]),
+                                 likely=True):
+                step = builder.mul(ir.Constant(intp, r), arg["ys"])
+                for j, acc_ptr in enumerate(row):
+                    at = builder.gep(y0, [builder.add(step, ir.Constant(intp, VEC * j))])
+                    ptr = builder.bitcast(at, _VF.as_pointer())
+                    builder.store(builder.call(ops.load, [ptr, ops.align, masks[j], zero]),
+                                  acc_ptr)
+
+
 def _store_epilogue(context, builder, accs, y0, arg, bias_data, res_data,
                     streaming: bool = False) -> None:
     """The epilogue store of :func:`_make_ukernel`'s gathered kernel: rows ``r < mr``
     of the register block ``accs``, lanes below ``valid``; one straight-line copy of
-    the stores per (whole panel or not, residual, activation), chosen once per tile.
+    the stores per (whole panel or not, residual, activation), chosen once per tile;
+    the sums as they are where ``part`` is FIRST or MIDDLE (a partial sum).
     ``streaming``: whole panels' vectors are stored non-temporally (each must start a
     cache line)."""
     ops = vector_ops(context, builder, types.float32)
     intp = arg["mr"].type
-    i32 = ir.IntType(32)
-    lane_ids = ir.Constant(ir.VectorType(i32, VEC), list(range(VEC)))
     zero, six = ir.Constant(_VF, None), ir.Constant(_VF, [6.0] * VEC)
-    valid = builder.trunc(arg["valid"], i32)
-    masks, biases = [], []
+    masks, whole = _lane_masks(builder, arg, len(accs[0]))
+    biases = []
     for j in range(len(accs[0])):
-        left = splat(builder, builder.sub(valid, ir.Constant(i32, VEC * j)),
-                     ir.VectorType(i32, VEC))
-        masks.append(builder.icmp_signed("<", lane_ids, left))
         at = builder.gep(bias_data, [builder.add(arg["b_off"], ir.Constant(intp, VEC * j))])
         biases.append(builder.load(builder.bitcast(at, _VF.as_pointer()), align=4))
     res0 = builder.gep(res_data, [arg["y_off"]])
 
-    def stores(residual: bool, act: Activation, masked: bool) -> None:
+    def stores(residual: bool, act: Activation, masked: bool, partial: bool = False) -> None:
         for r, row in enumerate(accs):
             with builder.if_then(builder.icmp_signed("<", ir.Constant(intp, r), arg["mr"]),
                                  likely=True):
                 step = builder.mul(ir.Constant(intp, r), arg["ys"])
                 for j, acc_ptr in enumerate(row):
                     at = builder.add(step, ir.Constant(intp, VEC * j))
-                    v = builder.fadd(builder.load(acc_ptr), biases[j])
+                    v = builder.load(acc_ptr)
+                    if not partial:
+                        v = builder.fadd(v, biases[j])
                     if residual:
                         r_ptr = builder.bitcast(builder.gep(res0, [at]), _VF.as_pointer())
                         v = builder.fadd(v, builder.call(ops.load, [r_ptr, ops.align, masks[j],
@@ -260,7 +304,7 @@ def _store_epilogue(context, builder, accs, y0, arg, bias_data, res_data,
                     y_ptr = builder.bitcast(builder.gep(y0, [at]), _VF.as_pointer())
                     if masked:
                         builder.call(ops.store, [v, y_ptr, ops.align, masks[j]])
-                    elif streaming:
+                    elif streaming and not partial:
                         builder.store(v, y_ptr, align=VECTOR_BYTES).set_metadata(
                             "nontemporal", builder.module.add_metadata([
                                 ir.Constant(ir.IntType(32), 1)]))
@@ -270,22 +314,26 @@ def _store_epilogue(context, builder, accs, y0, arg, bias_data, res_data,
     # masked stores only where the panel has lanes beyond O: AMD's vmaskmovps store
     # is microcoded (Zen 3, 56x56 24 -> 144 1x1 single-threaded: 0.56 ms with masked
     # stores throughout, PyTorch 0.32)
-    whole = builder.icmp_signed(">=", valid, ir.Constant(i32, VEC * len(accs[0])))
     has_res = builder.icmp_unsigned("!=", arg["has_res"], ir.Constant(arg["has_res"].type, 0))
+    keep = builder.icmp_unsigned("<", builder.sub(arg["part"], ir.Constant(intp, FIRST)),
+                                 ir.Constant(intp, 2))  # FIRST or MIDDLE
     with builder.if_else(whole, likely=True) as (plain, partial):
         for masked, lanes in ((False, plain), (True, partial)):
-            with lanes, builder.if_else(has_res) as (with_res, without_res):
-                for residual, branch in ((True, with_res), (False, without_res)):
-                    with branch:
-                        done = builder.append_basic_block("epilogue_done")
-                        switch = builder.switch(arg["act"], done)
-                        for act in CPU_STORE:
-                            block = builder.append_basic_block(f"act_{act.label}")
-                            switch.add_case(ir.Constant(intp, int(act)), block)
-                            builder.position_at_end(block)
-                            stores(residual, act, masked)
-                            builder.branch(done)
-                        builder.position_at_end(done)
+            with lanes, builder.if_else(keep) as (partial_sums, finished):
+                with partial_sums:
+                    stores(False, Activation.NONE, masked, partial=True)
+                with finished, builder.if_else(has_res) as (with_res, without_res):
+                    for residual, branch in ((True, with_res), (False, without_res)):
+                        with branch:
+                            done = builder.append_basic_block("epilogue_done")
+                            switch = builder.switch(arg["act"], done)
+                            for act in CPU_STORE:
+                                block = builder.append_basic_block(f"act_{act.label}")
+                                switch.add_case(ir.Constant(intp, int(act)), block)
+                                builder.position_at_end(block)
+                                stores(residual, act, masked)
+                                builder.branch(done)
+                            builder.position_at_end(done)
 
 
 @cache
@@ -348,11 +396,13 @@ def _gather_driver(nvec: int, streaming: bool = False) -> Any:
     ``mr`` (:func:`gather_rows`) consecutive pixels, which may run over the end of an
     output row (their input offsets gathered per tile), so that short rows fill them:
     ``run(xp (N,Hp,Wp,C), wf, y (N,OH,OW,O), bias (O',), res, has_res, act, sh, sw,
-    dh, dw, per_task, blocks_inside, *walk)`` with the weights found in the flat ``wf``
-    as the :class:`WeightWalk` ``walk`` says, the epilogue of the gathered
+    dh, dw, per_task, blocks_inside, chunk, *walk)`` with the weights found in the
+    flat ``wf`` as the :class:`WeightWalk` ``walk`` says, the epilogue of the gathered
     :func:`_make_ukernel` (``res`` y's shape, read where ``has_res``; O <= O' (O'
     a multiple of VEC * nvec), lanes beyond O not stored), each task ``per_task``
-    tiles of one output-channel block, or of all (``blocks_inside``). ``streaming``:
+    tiles of one output-channel block, or of all (``blocks_inside``), the reduction's
+    run (:func:`run_length`) in pieces of ``chunk`` values over all the task's tiles
+    in turn (0: whole). ``streaming``:
     whole panels stored non-temporally (y 64-byte aligned, O a multiple of VEC; see
     ``STREAMING_BYTES``), fenced at the end of each task."""
     mr, nr = gather_rows(nvec), VEC * nvec
@@ -599,8 +649,9 @@ def _binding(problem: ConvProblem, nr: int, walk: WeightWalk, weight_bytes: int,
     tasks = chosen.get("tasks", TASKS_PER_THREAD)
     by_block = not inside and bool(chosen.get("by_block", 0))  # see tunables
     per_task = tiles if by_block else _per_task(tiles, 1 if inside else blocks, tasks)
-    split = (per_task, inside, *walk)
-    driver = _gather_driver(nvec, _streams(shape, nr, inside))
+    chunk = 0 if inside or per_task == 1 else chosen.get("chunk", 0)  # see tunables
+    split = (per_task, inside, chunk, *walk)
+    driver = _gather_driver(nvec, not chunk and _streams(shape, nr, inside))
     ndim, padding = problem.ndim, problem.padding
     padded = any(p != (0, 0) for p in padding)
     x4_shape = (problem.batch, *(1,) * lead, *problem.in_size, problem.in_channels)
@@ -660,6 +711,24 @@ def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray,
         x, residual, activation)
 
 
+def run_length(walk: WeightWalk, channels: int) -> int:
+    """The run of the reduction the micro-kernel walks per kernel row: a row's taps
+    times the channels where ``walk`` fuses them, else the channels."""
+    return walk.kw * channels if walk.fused else channels
+
+
+def reduction_chunk(walk: WeightWalk, nr: int, run_len: int,
+                    chunk_bytes: int = REDUCTION_CHUNK_BYTES) -> int:
+    """The piece of the run (:func:`run_length`) a task's tiles take in turn, so that
+    its weights (kernel rows x taps x piece x ``nr`` float32) fit ``chunk_bytes``; 0
+    (the whole run at once) where the whole run's weights fit, or where the run is
+    not two pieces long at least (a 7x7 stem's 21 values a kernel row). Pieces are
+    whole vectors of the run (VEC values), one at least."""
+    rows = walk.kh * (1 if walk.fused else walk.kw)
+    chunk = max(VEC, chunk_bytes // (rows * nr * 4) // VEC * VEC)
+    return chunk if run_len >= 2 * chunk else 0
+
+
 def _per_task(tiles: int, blocks: int, tasks_per_thread: int = TASKS_PER_THREAD) -> int:
     """Micro-tiles per parallel task: enough tasks (``tasks_per_thread`` per thread,
     each of one output-channel block) for a balanced share."""
@@ -680,7 +749,16 @@ def tunables(problem: ConvProblem) -> Space:
     against ``w + x / threads``, but the rule "where w > 2 x" measured 1.005x in
     geometric mean over the 34 layers it picked (ResNet-50 and MobileNetV2, batch 1
     and 8, forward and backward-data; 0.86-1.16, Emerald Rapids, 2 threads), so it is
-    off by default, left to the tuner. Not ``STREAMING_BYTES`` (whether y bypasses the
+    off by default, left to the tuner. ``chunk`` (where a block's weights exceed
+    ``REDUCTION_CHUNK_BYTES`` and the run is two such pieces long: :func:`reduction_chunk`),
+    the reduction split in pieces of that many weight bytes, each walked over all the
+    task's tiles (the partial sums kept in y), so that a piece is read from L1 rather
+    than from L2 at every tile, as ONNX Runtime's NCHWc pointwise kernel takes 128
+    input channels at a time; 0, the default, walks the whole reduction per tile.
+    Whole ONNX sessions, two in one process alternated (Emerald Rapids, 2 threads,
+    whose 2 MiB L2 feeds the panels fast enough): ResNet-50 1.009x with it at batch 1
+    and 0.947x at batch 8, MobileNetV2 batch 1 0.995x, so the tuner decides per
+    layer. Not ``STREAMING_BYTES`` (whether y bypasses the
     caches): that depends on the layer that reads y next, which timing one layer alone
     cannot see (alone, streaming looked 1.1-1.2x faster on MobileNetV2's 1x1 layers at
     batch 8 whose outputs the default keeps in L3 for the next layer)."""
@@ -694,6 +772,12 @@ def tunables(problem: ConvProblem) -> Space:
         "inside": (inside, 1 - inside)}
     if not inside and problem.out_channels > nr:
         space["by_block"] = (0, 1)
+    kh, kw = (1, *problem.kernel)[-2:]
+    walk = WeightWalk(kh, kw, 0, 0, 0, 0, 0, problem.dilation[-1] == 1)
+    run_len = run_length(walk, problem.in_channels)
+    chunk = reduction_chunk(walk, nr, run_len)
+    if chunk and not inside:
+        space["chunk"] = (0, chunk)
     return space
 
 
