@@ -36,7 +36,7 @@ OVERREACH = """
     bias = np.zeros(nr, np.float32)
     run = forward._gather_driver(nvec)
     try:
-        run(xp, wp.reshape(-1), y, bias, y, False, 0, 1, 1, 1, 1, 1, True, 0,
+        run(xp, wp.reshape(-1), y, bias, y, False, 0, 1, 1, 1, 1, 1, True, 0, 0,
             *forward.packed_walk(wp, 1))
     except IndexError as exc:
         print(type(exc).__name__, "|", exc, "|", int((y == -7.0).all(axis=-1).sum()))
@@ -109,7 +109,7 @@ NORMAL = """
     nr = forward.VEC * forward.NVECS[-1]
     xp, wp = np.ones((1, 4, 4, 8), np.float32), np.ones((1, 3, 3, 8, nr), np.float32)
     y = np.zeros((1, 2, 2, nr), np.float32)
-    run(xp, wp.reshape(-1), y, np.zeros(nr, np.float32), y, False, 0, 1, 1, 1, 1, 1, True, 0,
+    run(xp, wp.reshape(-1), y, np.zeros(nr, np.float32), y, False, 0, 1, 1, 1, 1, 1, True, 0, 0,
         *forward.packed_walk(wp, 1))
     ir = "".join(run.inspect_llvm().values())
     print(checked.CHECKED, memory.allocator(2 << 20, np.uint8).args[0], "BoundsError" in ir,

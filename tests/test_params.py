@@ -131,7 +131,7 @@ def test_blocked_tasks_of_one_block_over_all_tiles_match_the_reference(pass_, x_
 
 @pytest.mark.parametrize(("pass_", "x_shape", "w_shape", "conv", "expected_keys"), [
     ("backward_data", (2, 9, 10, 32), (48, 3, 3, 32), {"padding": 1},
-     {"nvec", "tasks", "inside"}),
+     {"nvec", "tasks", "inside", "ahead"}),
     ("backward_data", (2, 14, 13, 32), (48, 3, 3, 32), {"stride": 2, "padding": 1},
      {"gather"}),  # by phases
     ("backward_weight", (2, 9, 10, 64), (48, 3, 3, 64), {"padding": 1},

@@ -80,6 +80,14 @@ WHOLE, FIRST, MIDDLE, LAST = range(4)
 # larger ones go block by block, whose weights then stay in L1 across tiles (at 256 KiB
 # ResNet-50's 256 -> 128 1x1 at 56x56 read 0.87x PyTorch per layer, 1.08x at 32 KiB)
 BLOCKS_INSIDE_BYTES = host_params.blocks_inside_bytes()
+# reduction steps ahead at which a gathered micro-kernel prefetches its weights (one
+# line per vector of the panel each step). The hardware prefetchers left the panel
+# walk waiting on memory wherever the weights are not already in L1: 12 ResNet-50 /
+# MobileNetV2 layers of distinct weights in turn, batch 1 (Emerald Rapids, 2
+# threads, two runs): the 2048 -> 1000 and 1280 -> 1000 classifiers 1.5-1.7x as
+# fast, 2048 -> 512 at 7x7 1.5x, the 3x3 at 512x7x7 1.25x, 256 -> 64 at 56x56
+# 1.15x; 4, 8 and 16 steps within the noise of each other (the tunable ``ahead``)
+WEIGHT_AHEAD = 8
 # weights a forward task may reuse across its tiles (the tunable ``chunk``, see
 # tunables and host_params.reduction_chunk_bytes)
 REDUCTION_CHUNK_BYTES = host_params.reduction_chunk_bytes()
@@ -113,7 +121,7 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
     With ``gather`` the pixels' input offsets come from an array instead, the weights
     are addressed by strides, and the store is the inference epilogue: ``ukernel(x,
     offsets, x0, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr, y, y_off, ys, bias,
-    b_off, res, has_res, act, valid, part)`` reads ``x[x0 + offsets[r] + a*hs + b*ws + k]`` (pixels of
+    b_off, res, has_res, act, valid, part, ahead)`` reads ``x[x0 + offsets[r] + a*hs + b*ws + k]`` (pixels of
     several output rows) times ``w[w_off + a*was + b*wbs + k*wks + j]`` (packed panels,
     or the VEC * nvec contiguous channels of a weight read in place) and stores
     lanes ``j < valid`` only, as ``act(sum + bias[b_off + j] [+ res[y_off + r*ys +
@@ -124,7 +132,8 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
     :data:`FIRST`, :data:`MIDDLE`, :data:`LAST`): a first or middle piece stores its
     partial sums in y as they are (no epilogue), a middle or last one starts from the
     sums y holds; summed in the same order, a split reduction gives the same bits as
-    a whole one where kh and kw are 1.
+    a whole one where kh and kw are 1. Each reduction step prefetches the weights
+    ``ahead`` steps on (``ahead * wks`` values: :data:`WEIGHT_AHEAD`).
     """
     nr = VEC * nvec
     i = types.intp
@@ -132,7 +141,7 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
     def codegen(context, builder, signature, args):
         names = (("x", "offsets", "x0", "hs", "ws", "kh", "kw", "c", "w", "w_off", "was",
                   "wbs", "wks", "mr", "y", "y_off", "ys", "bias", "b_off", "res", "has_res",
-                  "act", "valid", "part")
+                  "act", "valid", "part", "ahead")
                  if gather else ("x", "x_off", "ps", "hs", "ws", "kh", "kw", "c", "w",
                                  "w_off", "mr", "y", "y_off", "ys"))
         arg = dict(zip(names, args, strict=True))
@@ -172,6 +181,8 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
             _load_partials(context, builder, accs, y0, arg)
         w0 = builder.gep(w_data, [arg["w_off"]])
         w_pos = cgutils.alloca_once_value(builder, w0)
+        if gather:
+            ahead = builder.mul(arg["wks"], arg["ahead"])
         with cgutils.for_range(builder, arg["kh"]) as a_loop:
             off_a = builder.mul(a_loop.index, arg["hs"])
             with cgutils.for_range(builder, arg["kw"]) as b_loop:
@@ -188,6 +199,11 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
                         builder.gep(wp, [ir.Constant(intp, VEC * j)]), _VF.as_pointer()),
                         align=4) for j in range(nvec)]
                     builder.store(builder.gep(wp, [step]), w_pos)
+                    if gather:  # the weights ``ahead`` reduction steps on (WEIGHT_AHEAD)
+                        upcoming = builder.gep(wp, [ahead])
+                        for j in range(nvec):
+                            prefetch(builder, builder.gep(upcoming, [ir.Constant(intp, VEC * j)]),
+                                     False)
                     for r in range(mr_rows):
                         xs = builder.load(builder.gep(rows[r], [off]))
                         xv = splat(builder, xs, _VF)
@@ -202,9 +218,9 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
         return context.get_dummy_value()
 
     def gathered(typingctx, x, offsets, x0, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr,
-                 y, y_off, ys, bias, b_off, res, has_res, act, valid, part):
+                 y, y_off, ys, bias, b_off, res, has_res, act, valid, part, ahead):
         return types.void(x, offsets, i, i, i, i, i, i, w, i, i, i, i, i, y, i, i, bias, i,
-                          res, types.boolean, i, i, i), codegen
+                          res, types.boolean, i, i, i, i), codegen
 
     def strided(typingctx, x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys):
         return types.void(x, i, i, i, i, i, i, i, w, i, i, y, i, i), codegen
@@ -396,13 +412,13 @@ def _gather_driver(nvec: int, streaming: bool = False) -> Any:
     ``mr`` (:func:`gather_rows`) consecutive pixels, which may run over the end of an
     output row (their input offsets gathered per tile), so that short rows fill them:
     ``run(xp (N,Hp,Wp,C), wf, y (N,OH,OW,O), bias (O',), res, has_res, act, sh, sw,
-    dh, dw, per_task, blocks_inside, chunk, *walk)`` with the weights found in the
+    dh, dw, per_task, blocks_inside, chunk, ahead, *walk)`` with the weights found in the
     flat ``wf`` as the :class:`WeightWalk` ``walk`` says, the epilogue of the gathered
     :func:`_make_ukernel` (``res`` y's shape, read where ``has_res``; O <= O' (O'
     a multiple of VEC * nvec), lanes beyond O not stored), each task ``per_task``
     tiles of one output-channel block, or of all (``blocks_inside``), the reduction's
     run (:func:`run_length`) in pieces of ``chunk`` values over all the task's tiles
-    in turn (0: whole). ``streaming``:
+    in turn (0: whole), the weights prefetched ``ahead`` reduction steps on. ``streaming``:
     whole panels stored non-temporally (y 64-byte aligned, O a multiple of VEC; see
     ``STREAMING_BYTES``), fenced at the end of each task."""
     mr, nr = gather_rows(nvec), VEC * nvec
@@ -650,7 +666,7 @@ def _binding(problem: ConvProblem, nr: int, walk: WeightWalk, weight_bytes: int,
     by_block = not inside and bool(chosen.get("by_block", 0))  # see tunables
     per_task = tiles if by_block else _per_task(tiles, 1 if inside else blocks, tasks)
     chunk = 0 if inside or per_task == 1 else chosen.get("chunk", 0)  # see tunables
-    split = (per_task, inside, chunk, *walk)
+    split = (per_task, inside, chunk, chosen.get("ahead", WEIGHT_AHEAD), *walk)
     driver = _gather_driver(nvec, not chunk and _streams(shape, nr, inside))
     ndim, padding = problem.ndim, problem.padding
     padded = any(p != (0, 0) for p in padding)
@@ -778,6 +794,7 @@ def tunables(problem: ConvProblem) -> Space:
     chunk = reduction_chunk(walk, nr, run_len)
     if chunk and not inside:
         space["chunk"] = (0, chunk)
+    space["ahead"] = (WEIGHT_AHEAD, 0, 2 * WEIGHT_AHEAD)
     return space
 
 

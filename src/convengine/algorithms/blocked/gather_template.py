@@ -55,7 +55,8 @@ def part_of(piece, pieces):  # noqa: ANN001, ANN201
 
 @compiled(parallel=True, nogil=True)
 def run(xp, wf, y, bias, res, has_res, act, sh, sw, dh, dw, per_task,  # noqa: PLR0913
-        blocks_inside, chunk, kh_, kw_, w_first, w_block, w_row, w_col, w_step, fused):
+        blocks_inside, chunk, ahead, kh_, kw_, w_first, w_block, w_row, w_col, w_step,
+        fused):
     n_, hp, wpx, c_ = xp.shape
     _, oh_, ow_, o_ = y.shape
     blocks = (o_ + NR - 1) // NR
@@ -102,7 +103,7 @@ def run(xp, wf, y, bias, res, has_res, act, sh, sw, dh, dw, per_task,  # noqa: P
                         continue
                     ukernel(xf, offsets, k0, dh * wpx * c_, dw * c_, kh_, taps, k_len, wf,
                             w_at, w_row, w_col, w_step, m, yf, p0 * o_ + ob * NR, o_, bias,
-                            ob * NR, rf, has_res, act, min(NR, o_ - ob * NR), part)
+                            ob * NR, rf, has_res, act, min(NR, o_ - ob * NR), part, ahead)
         if STREAMING:
             store_fence()
     if CHECKED and bad[0]:
