@@ -255,7 +255,7 @@ WINOGRAD = """
         width = up.shape[-1]
         fused(x, up, y, 1, 1, 3, 3, 6, 1, np.empty((1, up.shape[1], 6, 16), np.float32),
               np.empty((1, up.shape[1], 6, width), np.float32),
-              np.zeros((1, width), np.float32))
+              np.zeros((1, width), np.float32), 8)
         return y
 
     want = np.zeros((1, 6, 6, 8))
@@ -319,7 +319,7 @@ NORMAL_FAMILIES = """
     width = up.shape[-1]
     fused(np.ones((1, 4, 4, 16), np.float32), up, np.empty((1, 4, 4, 8), np.float32), 1, 1,
           2, 2, 6, 1, np.empty((1, 16, 6, 16), np.float32),
-          np.empty((1, 16, 6, width), np.float32), np.zeros((1, width), np.float32))
+          np.empty((1, 16, 6, width), np.float32), np.zeros((1, width), np.float32), 8)
     text = ir(fused)
     print("winograd fused |", "llvm.fma" in text, "BoundsError" in text, checked.CHECKED)
 """

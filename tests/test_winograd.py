@@ -229,7 +229,8 @@ def test_micro_kernel_against_float64_matmul(dtype, kc, add) -> None:
 
     @njit
     def call(a, b, c, kc, mr, add):
-        fma.gemm_6xnr(a, 2, a.shape[1], b, 0, kc, mr, c, c.shape[1], c.shape[1], add)
+        fma.gemm_6xnr(a, 2, a.shape[1], b, 0, kc, mr, c, c.shape[1], c.shape[1], add,
+                      fma.WEIGHT_AHEAD)
 
     width = fma.nr(np.dtype(dtype).itemsize)
     rng = np.random.default_rng(kc)

@@ -157,7 +157,8 @@ def run_fused(x: np.ndarray, up: np.ndarray, o: int, m: int, padding: tuple,
     prod = np.empty((parts, alpha2, block, width), x.dtype)
     check = np.zeros((parts, width), x.dtype)
     kernels.kernel(ndim, m, x.dtype)(x4, up, y4, pad_h, padding[-1][0], tiles_h,
-                                     -(-out[-1] // m), block, parts_k, v, prod, check)
+                                     -(-out[-1] // m), block, parts_k, v, prod, check,
+                                     fma.WEIGHT_AHEAD)
     return y, check
 
 
@@ -219,7 +220,7 @@ def test_fused_kernel_flags_nonfinite(ndim, dtype) -> None:
 
 @njit
 def _gemm(a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add):
-    fma.gemm_6xnr(a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add)
+    fma.gemm_6xnr(a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add, fma.WEIGHT_AHEAD)
 
 
 def test_panel_width_is_documented() -> None:

@@ -3,7 +3,7 @@ host's widest vectors (:mod:`convengine._host`: 512-bit with AVX-512, else 256-b
 
 A register-blocked GEMM micro-kernel:
 
-``gemm_6xnr(a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add)`` sets, for rows
+``gemm_6xnr(a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add, ahead)`` sets, for rows
 ``r < mr`` (``mr <= 6``) and columns ``col < NR`` of the operands' dtype
 (``NR = NVEC * lanes``: 64 float32 or 32 float64 columns with AVX-512, 16 or 8 with
 AVX2):
@@ -16,7 +16,8 @@ row ``mr - 1`` and are not stored. The 6 x NVEC accumulators are vector ``alloca
 that LLVM keeps in registers, updated by ``llvm.fma`` on ``<16 x float>`` (or
 ``<8 x double>``; half that with AVX2): LLVM's default for an AVX-512 CPU would use
 256-bit vectors; spelling the vectors out gets 512-bit ones. The sum over ``k`` runs
-in order, one rounding per fused multiply-add.
+in order, one rounding per fused multiply-add. Each step prefetches b's row ``ahead``
+steps on (:data:`WEIGHT_AHEAD`; 0: none).
 
 And ``make_sandwich(left, right, check)``: the Winograd tile transforms
 ``left @ S @ right^T`` over a vector of channels at a time, generated from the
@@ -36,6 +37,14 @@ from numba.extending import intrinsic
 from .._host import ACCUMULATORS, VECTOR_BYTES
 
 MR = 6  # rows (Winograd tiles) per register block
+# reduction steps ahead at which the micro-kernels here and blocked's prefetch their
+# weights (one line per vector of a row each step; the tunable ``ahead`` of both):
+# the hardware prefetchers left the weight walks waiting wherever the weights were not
+# in L1. Emerald Rapids, 2 threads: blocked's layers with 12 distinct weights in turn,
+# batch 1, the 2048 -> 1000 and 1280 -> 1000 classifiers 1.5-1.7x as fast, 2048 -> 512
+# at 7x7 1.5x, 256 -> 64 at 56x56 1.15x; Winograd's 3x3 at 512x7x7 1.1-1.3x, 256x14x14
+# batch 8 1.1-1.16x (two fresh processes each way); 4, 8 and 16 steps within the noise
+WEIGHT_AHEAD = 8
 NVEC = ACCUMULATORS // MR  # vectors per row of the register block (4 zmm, 2 ymm)
 
 
@@ -147,10 +156,10 @@ def store_fence(typingctx):
 
 
 @intrinsic
-def gemm_6xnr(typingctx, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add):
+def gemm_6xnr(typingctx, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add, ahead):
     intp_t = types.intp
     sig = types.void(a, intp_t, intp_t, b, intp_t, intp_t, intp_t, c, intp_t, intp_t,
-                     types.boolean)
+                     types.boolean, intp_t)
 
     def codegen(context, builder, signature, args):
         dtype = signature.args[0].dtype
@@ -162,7 +171,7 @@ def gemm_6xnr(typingctx, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add):
         a_arr = context.make_array(signature.args[0])(context, builder, args[0])
         b_arr = context.make_array(signature.args[3])(context, builder, args[3])
         c_arr = context.make_array(signature.args[7])(context, builder, args[7])
-        _, a_off_v, lda_v, _, b_off_v, kc_v, mr_v, _, c_off_v, ldc_v, add_v = args
+        _, a_off_v, lda_v, _, b_off_v, kc_v, mr_v, _, c_off_v, ldc_v, add_v, ahead_v = args
         intp = a_off_v.type
         suffix = f"v{lanes}f{8 * align}"
         fma = cgutils.get_or_insert_function(
@@ -172,9 +181,15 @@ def gemm_6xnr(typingctx, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add):
         zero = ir.Constant(vec, None)
         accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(NVEC)]
                 for _ in range(MR)]
+        prefetching = builder.icmp_signed("!=", ahead_v, ir.Constant(intp, 0))
         with cgutils.for_range(builder, kc_v) as loop:
             k = loop.index
             bk = builder.gep(b0, [builder.mul(k, ir.Constant(intp, width))])
+            with builder.if_then(prefetching):  # b's rows ``ahead`` steps on
+                upcoming = builder.gep(bk, [builder.mul(ahead_v, ir.Constant(intp, width))])
+                for j in range(NVEC):
+                    prefetch(builder, builder.gep(upcoming, [ir.Constant(intp, lanes * j)]),
+                             False)
             bvecs = [
                 builder.load(builder.bitcast(
                     builder.gep(bk, [ir.Constant(intp, lanes * j)]), vec.as_pointer()),

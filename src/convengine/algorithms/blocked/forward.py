@@ -45,7 +45,7 @@ from .._transforms import (
     backward_data_as_forward_reason,
     flipped_view,
 )
-from ..fma import prefetch, row_pointers, splat, store_rows, vector_ops
+from ..fma import WEIGHT_AHEAD, prefetch, row_pointers, splat, store_rows, vector_ops
 from ..weight_cache import WeightCache, is_transient
 from . import narrow, strided
 
@@ -80,14 +80,6 @@ WHOLE, FIRST, MIDDLE, LAST = range(4)
 # larger ones go block by block, whose weights then stay in L1 across tiles (at 256 KiB
 # ResNet-50's 256 -> 128 1x1 at 56x56 read 0.87x PyTorch per layer, 1.08x at 32 KiB)
 BLOCKS_INSIDE_BYTES = host_params.blocks_inside_bytes()
-# reduction steps ahead at which a gathered micro-kernel prefetches its weights (one
-# line per vector of the panel each step). The hardware prefetchers left the panel
-# walk waiting on memory wherever the weights are not already in L1: 12 ResNet-50 /
-# MobileNetV2 layers of distinct weights in turn, batch 1 (Emerald Rapids, 2
-# threads, two runs): the 2048 -> 1000 and 1280 -> 1000 classifiers 1.5-1.7x as
-# fast, 2048 -> 512 at 7x7 1.5x, the 3x3 at 512x7x7 1.25x, 256 -> 64 at 56x56
-# 1.15x; 4, 8 and 16 steps within the noise of each other (the tunable ``ahead``)
-WEIGHT_AHEAD = 8
 # weights a forward task may reuse across its tiles (the tunable ``chunk``, see
 # tunables and host_params.reduction_chunk_bytes)
 REDUCTION_CHUNK_BYTES = host_params.reduction_chunk_bytes()

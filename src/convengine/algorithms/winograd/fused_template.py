@@ -111,7 +111,7 @@ def out_inside(bad, prod, t, site, dst, n, h0, w0, k0, nc, chk):  # noqa: ANN001
 
 @compiled(nogil=True)
 def gemm_inside(bad, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add):  # noqa: ANN001, ANN201, PLR0913, ARG001
-    """Whether one ``gemm_6xnr(a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add)``
+    """Whether one ``gemm_6xnr(a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add, _)``
     stays inside v (a), up (b) and prod (c) (checked mode). Its exact footprint (see
     :mod:`convengine.algorithms.fma`): a, ``kc`` values of each row it reads, rows
     ``r < MR`` read as row ``min(r, mr - 1)`` (a partial block re-reads its last row;
@@ -153,7 +153,7 @@ def transform_out(prod, t, tmp, y, n, h0, w0, k0, nc, chk):
 
 @compiled(parallel=True, **NOALIAS)
 def fused(x, up, y, pad_h, pad_w, tiles_h, tiles_w, block, parts_k,  # noqa: PLR0913
-          v_all, prod_all, check):
+          v_all, prod_all, check, ahead):
     n_, h_, w_, c_ = x.shape
     _, oh_, ow_, o_ = y.shape
     total, nkb, parts = n_ * tiles_h * tiles_w, up.shape[0], v_all.shape[0]
@@ -203,8 +203,9 @@ def fused(x, up, y, pad_h, pad_w, tiles_h, tiles_w, block, parts_k,  # noqa: PLR
                             if CHECKS and not gemm_inside(bad, v, a_off, c_, up, b_off, kc,
                                                            mr, prod, c_off, WIDTH, c0 > 0):
                                 continue
+                            # the weights come from memory for the first rows only
                             gemm_6xnr(v, a_off, c_, up, b_off, kc, mr, prod, c_off, WIDTH,
-                                      c0 > 0)
+                                      c0 > 0, ahead if r0 == 0 else 0)
                 k0 = kb * WIDTH
                 nc = min(WIDTH, o_ - k0)
                 for t in range(b):

@@ -45,7 +45,7 @@ from .._transforms import (
     flipped_view,
 )
 from ..direct import NOALIAS
-from ..fma import MR, nr
+from ..fma import MR, WEIGHT_AHEAD, nr
 from ..weight_cache import WeightCache
 
 # (B^T, G, A^T) per output tile size m for r = 3
@@ -156,7 +156,8 @@ def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
 
     ``fused(x (N,H,W,C), up (K/NR, alpha^2, C, NR), y (N,OH,OW,O), pad_h, pad_w,
     tiles_h, tiles_w, block, parts_k, v (P, alpha^2, block, C), prod (P, alpha^2,
-    block, NR), check (P, NR))``.
+    block, NR), check (P, NR), ahead)`` (``ahead``: the GEMM's weight prefetch distance,
+    :data:`convengine.algorithms.fma.WEIGHT_AHEAD`).
 
     Part ``p < P`` (one per thread) takes an equal share of the tiles (of ``P //
     parts_k`` shares) and of the ``NR``-wide output-channel blocks (of ``parts_k``).
@@ -281,10 +282,13 @@ def _split_k(problem: ConvProblem, m: int) -> int | None:
 def tunables(m: int) -> Callable[[ConvProblem], Space]:
     """The parameters of F(m, 3), the cost-model default first: ``block_kib``, the
     KiB of transformed tiles and products per block (``BLOCK_BYTES``, half of L2) or
-    a quarter, half or twice it; ``split_k`` (:func:`_split_k`) where it is a choice."""
+    a quarter, half or twice it; ``ahead``, the GEMM steps ahead at which the weights
+    are prefetched (``WEIGHT_AHEAD``, none, twice); ``split_k`` (:func:`_split_k`)
+    where it is a choice."""
     def space(problem: ConvProblem) -> Space:
         fwd = backward_data_as_forward(problem) if problem.pass_ == "backward_data" else problem
-        chosen: Space = {"block_kib": around(BLOCK_BYTES >> 10)}
+        chosen: Space = {"block_kib": around(BLOCK_BYTES >> 10),
+                         "ahead": (WEIGHT_AHEAD, 0, 2 * WEIGHT_AHEAD)}
         split = _split_k(fwd, m)
         if split is not None:
             chosen["split_k"] = (split, 1 - split)
@@ -349,7 +353,8 @@ def winograd_fwd(problem: ConvProblem, x: np.ndarray, up: np.ndarray,
     v = np.empty((parts, up.shape[1], block, problem.in_channels), x.dtype)
     prod = np.empty((parts, up.shape[1], block, width), x.dtype)
     check = np.zeros((parts, width), x.dtype)
-    fused(x4, up, y4, pad_h, pad_w, tiles_h, tiles_w, block, parts_k, v, prod, check)
+    fused(x4, up, y4, pad_h, pad_w, tiles_h, tiles_w, block, parts_k, v, prod, check,
+          (params or {}).get("ahead", WEIGHT_AHEAD))
     return None if nonfinite(check) else y
 
 
