@@ -777,16 +777,18 @@ def tunables(problem: ConvProblem) -> Space:
     space: Space = {
         "nvec": (nvec, *(v for v in NVECS if v != nvec)),
         "tasks": (TASKS_PER_THREAD, *(t for t in TASK_CHOICES if t != TASKS_PER_THREAD)),
-        "inside": (inside, 1 - inside)}
+        "ahead": (WEIGHT_AHEAD, 0, 2 * WEIGHT_AHEAD)}
+    # by_block and chunk (which inside=1 leaves inert) before inside: the tuner goes
+    # one parameter at a time in this order, so each of their values is timed while
+    # it takes effect, and inside=1 is timed once, not once per value of theirs
     if not inside and problem.out_channels > nr:
         space["by_block"] = (0, 1)
     kh, kw = (1, *problem.kernel)[-2:]
     walk = WeightWalk(kh, kw, 0, 0, 0, 0, 0, problem.dilation[-1] == 1)
-    run_len = run_length(walk, problem.in_channels)
-    chunk = reduction_chunk(walk, nr, run_len)
+    chunk = reduction_chunk(walk, nr, run_length(walk, problem.in_channels))
     if chunk and not inside:
         space["chunk"] = (0, chunk)
-    space["ahead"] = (WEIGHT_AHEAD, 0, 2 * WEIGHT_AHEAD)
+    space["inside"] = (inside, 1 - inside)
     return space
 
 
