@@ -78,8 +78,8 @@ def _assert_stored(got: np.ndarray, want: np.ndarray, magnitude: np.ndarray, n: 
 # ---------------------------------------------------------------- harnesses
 
 
-GATHERED = ("x, offsets, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr, y, y_off, ys, bias, "
-            "b_off, res, has_res, act, valid")
+GATHERED = ("x, offsets, x0, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr, y, y_off, ys, "
+            "bias, b_off, res, has_res, act, valid, part, ahead")
 CONTIGUOUS = "x, x_off, ps, hs, ws, kh, kw, c, w, w_off, mr, y, y_off, ys"
 WEIGHT = "d, d_off, dn, dh, dw, nn, nh, nw, x, x_off, xn, xh, xw, mr, y, y_off, ys, add"
 
@@ -167,9 +167,42 @@ def test_gathered_tile(nvec: int, streaming: bool, act: Activation, residual: bo
         magnitude = reference.tile(np.abs(x), offsets[:m], HS, WS, KH, kw, c, np.abs(w), w_off,
                                    was, wbs, wks, np.zeros_like(y), y_off, ys, lanes, np.abs(b), 2,
                                    np.abs(res))
-        call(x, offsets, HS, WS, KH, kw, c, w, w_off, was, wbs, wks, m, y, y_off, ys, b, 2, res,
-             residual, int(act), lanes)
+        call(x, offsets, 0, HS, WS, KH, kw, c, w, w_off, was, wbs, wks, m, y, y_off, ys, b, 2,
+             res, residual, int(act), lanes, forward.WHOLE, forward.WEIGHT_AHEAD)
         _assert_stored(y, want, magnitude, KH * KW * C + 2, f"{name} walk")
+
+
+@pytest.mark.parametrize("ahead", [0, 3])
+@pytest.mark.parametrize("nvec", [1, 2, 3, 4])
+def test_gathered_tile_in_pieces(nvec: int, ahead: int) -> None:
+    """The reduction's run in three pieces (FIRST, MIDDLE, LAST: x0 and w_off moved to
+    each piece's start), the partial sums kept in y, partial lanes and the epilogue
+    (bias, residual, ReLU6) on the last piece only: the whole tile's result; any
+    prefetch distance."""
+    _skip_unless(nvec, forward.NVECS)
+    mr, nr = forward.gather_rows(nvec), VEC * nvec
+    m, lanes = _tile_shape("short-partial", mr, nr, nvec)
+    call = _forward_ukernel(mr, nvec, True, False)
+    rng = np.random.default_rng([nvec, ahead, 9])
+    x = rng.standard_normal(400).astype(np.float32)
+    offsets = rng.choice(200, mr, replace=False).astype(np.intp)
+    y_off, ys = VEC + 3, nr + VEC + 1
+    size = y_off + ys * (mr + SENTINEL_ROWS)
+    b = rng.standard_normal(nr + 2).astype(np.float32)
+    res = rng.standard_normal(size).astype(np.float32)
+    parts = (forward.FIRST, forward.MIDDLE, forward.LAST)
+    for name, w, (w_off, was, wbs, wks), kw, c in _walks(rng, nr):
+        y = _aligned(rng, size)
+        want = reference.tile(x, offsets[:m], HS, WS, KH, kw, c, w, w_off, was, wbs, wks, y,
+                              y_off, ys, lanes, b, 2, res, Activation.RELU6)
+        magnitude = reference.tile(np.abs(x), offsets[:m], HS, WS, KH, kw, c, np.abs(w), w_off,
+                                   was, wbs, wks, np.zeros_like(y), y_off, ys, lanes, np.abs(b), 2,
+                                   np.abs(res))
+        cuts = (0, c // 3, c // 3 + 1, c)  # a middle piece of one value
+        for part, k0, k1 in zip(parts, cuts[:-1], cuts[1:], strict=True):
+            call(x, offsets, k0, HS, WS, KH, kw, k1 - k0, w, w_off + k0 * wks, was, wbs, wks, m,
+                 y, y_off, ys, b, 2, res, True, int(Activation.RELU6), lanes, part, ahead)
+        _assert_stored(y, want, magnitude, KH * KW * C + 2, f"{name} walk in pieces")
 
 
 @pytest.mark.parametrize("act", [Activation.RELU, Activation.RELU6], ids=lambda a: a.label)
@@ -189,8 +222,8 @@ def test_gathered_tile_passes_nan(act: Activation) -> None:
     panels = rng.standard_normal((1, KH, KW, C, nr)).astype(np.float32)
     pw = forward.packed_walk(panels, 1)
     y = np.zeros(mr * nr, np.float32)
-    call(x, offsets, HS, WS, KH, KW, C, panels.reshape(-1), 0, pw.row, pw.col, pw.step, mr, y, 0,
-         nr, b, 0, res, True, int(act), nr)
+    call(x, offsets, 0, HS, WS, KH, KW, C, panels.reshape(-1), 0, pw.row, pw.col, pw.step, mr, y,
+         0, nr, b, 0, res, True, int(act), nr, forward.WHOLE, forward.WEIGHT_AHEAD)
     want = reference.tile(x, offsets, HS, WS, KH, KW, C, panels.reshape(-1), 0, pw.row, pw.col,
                           pw.step, np.zeros(mr * nr), 0, nr, nr, b, 0, res, act)
     assert np.isnan(want).sum() == nr + mr  # pixel 0, lane 1, (2, 3)

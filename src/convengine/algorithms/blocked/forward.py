@@ -113,8 +113,8 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
     With ``gather`` the pixels' input offsets come from an array instead, the weights
     are addressed by strides, and the store is the inference epilogue: ``ukernel(x,
     offsets, x0, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr, y, y_off, ys, bias,
-    b_off, res, has_res, act, valid, part, ahead)`` reads ``x[x0 + offsets[r] + a*hs + b*ws + k]`` (pixels of
-    several output rows) times ``w[w_off + a*was + b*wbs + k*wks + j]`` (packed panels,
+    b_off, res, has_res, act, valid, part, ahead)`` reads ``x[x0 + offsets[r] + a*hs +
+    b*ws + k]`` (pixels of several output rows) times ``w[w_off + a*was + b*wbs + k*wks + j]`` (packed panels,
     or the VEC * nvec contiguous channels of a weight read in place) and stores
     lanes ``j < valid`` only, as ``act(sum + bias[b_off + j] [+ res[y_off + r*ys +
     j]])`` (the residual where ``has_res``; ``act`` an :class:`Activation` of
@@ -194,8 +194,8 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
                     if gather:  # the weights ``ahead`` reduction steps on (WEIGHT_AHEAD)
                         upcoming = builder.gep(wp, [ahead])
                         for j in range(nvec):
-                            prefetch(builder, builder.gep(upcoming, [ir.Constant(intp, VEC * j)]),
-                                     False)
+                            line = builder.gep(upcoming, [ir.Constant(intp, VEC * j)])
+                            prefetch(builder, line, False)
                     for r in range(mr_rows):
                         xs = builder.load(builder.gep(rows[r], [off]))
                         xv = splat(builder, xs, _VF)
@@ -290,7 +290,7 @@ def _store_epilogue(context, builder, accs, y0, arg, bias_data, res_data,
         biases.append(builder.load(builder.bitcast(at, _VF.as_pointer()), align=4))
     res0 = builder.gep(res_data, [arg["y_off"]])
 
-    def stores(residual: bool, act: Activation, masked: bool, partial: bool = False) -> None:
+    def stores(residual: bool, act: Activation, masked: bool, raw: bool = False) -> None:
         for r, row in enumerate(accs):
             with builder.if_then(builder.icmp_signed("<", ir.Constant(intp, r), arg["mr"]),
                                  likely=True):
@@ -298,7 +298,7 @@ def _store_epilogue(context, builder, accs, y0, arg, bias_data, res_data,
                 for j, acc_ptr in enumerate(row):
                     at = builder.add(step, ir.Constant(intp, VEC * j))
                     v = builder.load(acc_ptr)
-                    if not partial:
+                    if not raw:  # a partial sum is stored as it is
                         v = builder.fadd(v, biases[j])
                     if residual:
                         r_ptr = builder.bitcast(builder.gep(res0, [at]), _VF.as_pointer())
@@ -312,7 +312,7 @@ def _store_epilogue(context, builder, accs, y0, arg, bias_data, res_data,
                     y_ptr = builder.bitcast(builder.gep(y0, [at]), _VF.as_pointer())
                     if masked:
                         builder.call(ops.store, [v, y_ptr, ops.align, masks[j]])
-                    elif streaming and not partial:
+                    elif streaming and not raw:
                         builder.store(v, y_ptr, align=VECTOR_BYTES).set_metadata(
                             "nontemporal", builder.module.add_metadata([
                                 ir.Constant(ir.IntType(32), 1)]))
@@ -329,7 +329,7 @@ def _store_epilogue(context, builder, accs, y0, arg, bias_data, res_data,
         for masked, lanes in ((False, plain), (True, partial)):
             with lanes, builder.if_else(keep) as (partial_sums, finished):
                 with partial_sums:
-                    stores(False, Activation.NONE, masked, partial=True)
+                    stores(False, Activation.NONE, masked, raw=True)
                 with finished, builder.if_else(has_res) as (with_res, without_res):
                     for residual, branch in ((True, with_res), (False, without_res)):
                         with branch:
