@@ -37,8 +37,7 @@ def main() -> None:
         if "b" in which:
             extra["ahead"] = 0
         if "c" in which:
-            run_len = blocked.run_length(walk, problem.in_channels)
-            extra["chunk"] = blocked.reduction_chunk(walk, nr, run_len)
+            extra["chunk"] = blocked.reduction_chunk(problem, nr)
         return binding(problem, nr, walk, weight_bytes, bias, dict(params or {}, **extra))
 
     winograd.winograd_fwd = winograd_b

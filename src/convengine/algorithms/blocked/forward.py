@@ -114,8 +114,9 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
     are addressed by strides, and the store is the inference epilogue: ``ukernel(x,
     offsets, x0, hs, ws, kh, kw, c, w, w_off, was, wbs, wks, mr, y, y_off, ys, bias,
     b_off, res, has_res, act, valid, part, ahead)`` reads ``x[x0 + offsets[r] + a*hs +
-    b*ws + k]`` (pixels of several output rows) times ``w[w_off + a*was + b*wbs + k*wks + j]`` (packed panels,
-    or the VEC * nvec contiguous channels of a weight read in place) and stores
+    b*ws + k]`` (pixels of several output rows) times ``w[w_off + a*was + b*wbs +
+    k*wks + j]`` (packed panels, or the VEC * nvec contiguous channels of a weight
+    read in place) and stores
     lanes ``j < valid`` only, as ``act(sum + bias[b_off + j] [+ res[y_off + r*ys +
     j]])`` (the residual where ``has_res``; ``act`` an :class:`Activation` of
     ``CPU_STORE``; NaN passes both), the order and roundings of :mod:`convengine.fused_epilogue`; with
@@ -409,7 +410,7 @@ def _gather_driver(nvec: int, streaming: bool = False) -> Any:
     :func:`_make_ukernel` (``res`` y's shape, read where ``has_res``; O <= O' (O'
     a multiple of VEC * nvec), lanes beyond O not stored), each task ``per_task``
     tiles of one output-channel block, or of all (``blocks_inside``), the reduction's
-    run (:func:`run_length`) in pieces of ``chunk`` values over all the task's tiles
+    run (as :func:`reduction_chunk` says) in pieces of ``chunk`` values over all the task's tiles
     in turn (0: whole), the weights prefetched ``ahead`` reduction steps on. ``streaming``:
     whole panels stored non-temporally (y 64-byte aligned, O a multiple of VEC; see
     ``STREAMING_BYTES``), fenced at the end of each task."""
@@ -719,21 +720,19 @@ def _forward(problem: ConvProblem, x: np.ndarray, wp: np.ndarray,
         x, residual, activation)
 
 
-def run_length(walk: WeightWalk, channels: int) -> int:
-    """The run of the reduction the micro-kernel walks per kernel row: a row's taps
-    times the channels where ``walk`` fuses them, else the channels."""
-    return walk.kw * channels if walk.fused else channels
-
-
-def reduction_chunk(walk: WeightWalk, nr: int, run_len: int,
+def reduction_chunk(problem: ConvProblem, nr: int,
                     chunk_bytes: int = REDUCTION_CHUNK_BYTES) -> int:
-    """The piece of the run (:func:`run_length`) a task's tiles take in turn, so that
-    its weights (kernel rows x taps x piece x ``nr`` float32) fit ``chunk_bytes``; 0
-    (the whole run at once) where the whole run's weights fit, or where the run is
-    not two pieces long at least (a 7x7 stem's 21 values a kernel row). Pieces are
-    whole vectors of the run (VEC values), one at least."""
-    rows = walk.kh * (1 if walk.fused else walk.kw)
-    chunk = max(VEC, chunk_bytes // (rows * nr * 4) // VEC * VEC)
+    """The piece of the run the micro-kernel walks per kernel tap (a kernel row's taps
+    times the channels where packed panels fuse them, at unit column dilation: see
+    :func:`packed_walk`; else the channels) a task's tiles take in turn, so that its
+    weights (the runs x piece x ``nr`` float32) fit ``chunk_bytes``; 0 (the whole run
+    at once) where the run is not two pieces long at least (a 7x7 stem's 21 values a
+    kernel row), so too where its weights fit whole. Pieces are whole vectors of the
+    run (VEC values), one at least."""
+    kh, kw = (1, *problem.kernel)[-2:]
+    fused = problem.dilation[-1] == 1
+    runs, run_len = (kh, kw * problem.in_channels) if fused else (kh * kw, problem.in_channels)
+    chunk = max(VEC, chunk_bytes // (runs * nr * 4) // VEC * VEC)
     return chunk if run_len >= 2 * chunk else 0
 
 
@@ -783,9 +782,7 @@ def tunables(problem: ConvProblem) -> Space:
     # it takes effect, and inside=1 is timed once, not once per value of theirs
     if not inside and problem.out_channels > nr:
         space["by_block"] = (0, 1)
-    kh, kw = (1, *problem.kernel)[-2:]
-    walk = WeightWalk(kh, kw, 0, 0, 0, 0, 0, problem.dilation[-1] == 1)
-    chunk = reduction_chunk(walk, nr, run_length(walk, problem.in_channels))
+    chunk = reduction_chunk(problem, nr)
     if chunk and not inside:
         space["chunk"] = (0, chunk)
     space["inside"] = (inside, 1 - inside)
