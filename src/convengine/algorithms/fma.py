@@ -143,6 +143,19 @@ def prefetch(builder: ir.IRBuilder, ptr: ir.Value, write: bool) -> None:
                       ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
 
+def prefetch_ahead(builder: ir.IRBuilder, at: ir.Value, distance: ir.Value, lanes: int,
+                   vectors: int) -> None:
+    """Emit prefetches (for reading) of the ``vectors`` runs of ``lanes`` values that
+    start ``distance`` values past ``at``: a weight row that many values on. A
+    ``distance`` of 0 prefetches nothing (the branch on it is taken the same way every
+    step)."""
+    intp = distance.type
+    with builder.if_then(builder.icmp_signed("!=", distance, ir.Constant(intp, 0))):
+        upcoming = builder.gep(at, [distance])
+        for j in range(vectors):
+            prefetch(builder, builder.gep(upcoming, [ir.Constant(intp, lanes * j)]), False)
+
+
 @intrinsic
 def store_fence(typingctx):
     """``sfence``: this thread's non-temporal stores are visible before what follows."""
@@ -181,15 +194,11 @@ def gemm_6xnr(typingctx, a, a_off, lda, b, b_off, kc, mr, c, c_off, ldc, add, ah
         zero = ir.Constant(vec, None)
         accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(NVEC)]
                 for _ in range(MR)]
-        prefetching = builder.icmp_signed("!=", ahead_v, ir.Constant(intp, 0))
+        ahead_values = builder.mul(ahead_v, ir.Constant(intp, width))
         with cgutils.for_range(builder, kc_v) as loop:
             k = loop.index
             bk = builder.gep(b0, [builder.mul(k, ir.Constant(intp, width))])
-            with builder.if_then(prefetching):  # b's rows ``ahead`` steps on
-                upcoming = builder.gep(bk, [builder.mul(ahead_v, ir.Constant(intp, width))])
-                for j in range(NVEC):
-                    prefetch(builder, builder.gep(upcoming, [ir.Constant(intp, lanes * j)]),
-                             False)
+            prefetch_ahead(builder, bk, ahead_values, lanes, NVEC)  # b ``ahead`` rows on
             bvecs = [
                 builder.load(builder.bitcast(
                     builder.gep(bk, [ir.Constant(intp, lanes * j)]), vec.as_pointer()),

@@ -45,7 +45,7 @@ from .._transforms import (
     backward_data_as_forward_reason,
     flipped_view,
 )
-from ..fma import WEIGHT_AHEAD, prefetch, row_pointers, splat, store_rows, vector_ops
+from ..fma import WEIGHT_AHEAD, prefetch, prefetch_ahead, row_pointers, splat, store_rows, vector_ops
 from ..weight_cache import WeightCache, is_transient
 from . import narrow, strided
 
@@ -126,7 +126,7 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
     partial sums in y as they are (no epilogue), a middle or last one starts from the
     sums y holds; summed in the same order, a split reduction gives the same bits as
     a whole one where kh and kw are 1. Each reduction step prefetches the weights
-    ``ahead`` steps on (``ahead * wks`` values: :data:`WEIGHT_AHEAD`).
+    ``ahead`` steps on (``ahead * wks`` values: :data:`WEIGHT_AHEAD`; 0: none).
     """
     nr = VEC * nvec
     i = types.intp
@@ -193,10 +193,7 @@ def _make_ukernel(mr_rows: int, nvec: int, gather: bool = False,
                         align=4) for j in range(nvec)]
                     builder.store(builder.gep(wp, [step]), w_pos)
                     if gather:  # the weights ``ahead`` reduction steps on (WEIGHT_AHEAD)
-                        upcoming = builder.gep(wp, [ahead])
-                        for j in range(nvec):
-                            line = builder.gep(upcoming, [ir.Constant(intp, VEC * j)])
-                            prefetch(builder, line, False)
+                        prefetch_ahead(builder, wp, ahead, VEC, nvec)
                     for r in range(mr_rows):
                         xs = builder.load(builder.gep(rows[r], [off]))
                         xv = splat(builder, xs, _VF)
