@@ -56,6 +56,7 @@ from __future__ import annotations
 import ast
 import atexit
 import contextlib
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -614,11 +615,13 @@ def instantiate(home: str, template: str, tag: str, **constants: Any) -> ModuleT
     return _import(tag, text, home, salt, constants)
 
 
-def _imported(text: bytes) -> list[str]:
-    """The convengine modules a template imports from."""
-    return sorted({node.module for node in ast.walk(ast.parse(text))
-                   if isinstance(node, ast.ImportFrom) and node.module
-                   and node.module.startswith("convengine.")})
+@functools.cache
+def _imported(text: bytes) -> tuple[str, ...]:
+    """The convengine modules a template imports from (parsed once per text: a template
+    serves several kernels)."""
+    return tuple(sorted({node.module for node in ast.walk(ast.parse(text))
+                         if isinstance(node, ast.ImportFrom) and node.module
+                         and node.module.startswith("convengine.")}))
 
 
 def _literal(value: object) -> bool:
