@@ -142,9 +142,10 @@ def test_packed_transform(m, ndim, dtype, panels) -> None:
 
 
 def run_fused(x: np.ndarray, up: np.ndarray, o: int, m: int, padding: tuple,
-              parts: int = 1, parts_k: int = 1, block: int = BLOCK) -> tuple:
-    """The fused kernel on channels-last x (N, *S, C) and packed weights: (y, check);
-    y starts NaN, so an output the kernel does not write fails the comparison."""
+              parts: int = 1, parts_k: int = 1, block: int = BLOCK, tails: bool = True) -> tuple:
+    """The fused kernel (with scalar tails, or the variant without) on channels-last x
+    (N, *S, C) and packed weights: (y, check); y starts NaN, so an output the kernel
+    does not write fails the comparison."""
     ndim = x.ndim - 2
     out = [n + lo + hi - 2 for n, (lo, hi) in zip(x.shape[1:-1], padding)]
     x4 = x.reshape(x.shape[0], 1, *x.shape[1:]) if ndim == 1 else x
@@ -156,7 +157,7 @@ def run_fused(x: np.ndarray, up: np.ndarray, o: int, m: int, padding: tuple,
     v = np.empty((parts, alpha2, block, x.shape[-1]), x.dtype)
     prod = np.empty((parts, alpha2, block, width), x.dtype)
     check = np.zeros((parts, width), x.dtype)
-    kernels.kernel(ndim, m, x.dtype)(x4, up, y4, pad_h, padding[-1][0], tiles_h,
+    kernels.kernel(ndim, m, x.dtype, tails)(x4, up, y4, pad_h, padding[-1][0], tiles_h,
                                      -(-out[-1] // m), block, parts_k, v, prod, check,
                                      fma.WEIGHT_AHEAD)
     return y, check
@@ -190,6 +191,44 @@ def test_fused_kernel(m, ndim, dtype, case) -> None:
     y, check = run_fused(x, kernels.packed_transform(w, m), o, m, padding)
     assert_rel_close(y, reference.conv(x, w, m, padding), TOLERANCE[dtype, m])
     assert (check == 0).all()
+
+
+@pytest.mark.parametrize("m", MS)
+def test_fused_kernel_without_tails(m) -> None:
+    """The variant without scalar tails, on channel counts of whole vectors (one whole
+    panel; a panel and a vector): the same bits as the kernel with tails, the reference
+    conv within TOLERANCE."""
+    lanes, width = fma.lanes(4), fma.nr(4)
+    for c, o in ((2 * lanes, width), (lanes, width + lanes)):
+        x, w, padding = fused_case(m, 2, np.float32, c, o)
+        up = kernels.packed_transform(w, m)
+        y, check = run_fused(x, up, o, m, padding, tails=False)
+        np.testing.assert_array_equal(y, run_fused(x, up, o, m, padding)[0])
+        assert_rel_close(y, reference.conv(x, w, m, padding), TOLERANCE[np.float32, m])
+        assert (check == 0).all()
+
+
+def test_fused_kernel_without_tails_refuses_part_vectors() -> None:
+    """Input or output channels that end in part of a vector: a ValueError from the
+    variant without tails, never a conv with channels left out."""
+    lanes = fma.lanes(4)
+    for c, o in ((lanes + 3, lanes), (lanes, lanes + 3)):
+        x, w, padding = fused_case(2, 2, np.float32, c, o)
+        with pytest.raises(ValueError, match="no scalar tails"):
+            run_fused(x, kernels.packed_transform(w, 2), o, 2, padding, tails=False)
+
+
+def test_the_fused_kernel_needs_tails_for_part_vectors() -> None:
+    """needs_tails: a channel count, in or out, that is not a whole number of vectors."""
+    from convengine.problem import make_problem
+    lanes = fma.lanes(4)
+
+    def needs(c: int, o: int) -> bool:
+        problem = make_problem("forward", (1, 8, 8, c), (o, 3, 3, c), layout="NHWC",
+                               dtype=np.float32, padding=1)
+        return kernels.needs_tails(problem)
+    assert (needs(lanes, 2 * lanes), needs(lanes + 1, lanes), needs(lanes, 3)) == (
+        False, True, True)
 
 
 @pytest.mark.parametrize(("parts", "parts_k", "block"),

@@ -1,5 +1,6 @@
 """Kernel template (see ``convengine._kernel_cache``): the fused F(M, 3) Winograd
-kernel in ``NDIM`` dims for dtype ``DTYPE``: input transform, the batched GEMM of the
+kernel in ``NDIM`` dims for dtype ``DTYPE`` (with scalar tails for channel counts
+that are not whole vectors where ``TAILS``): input transform, the batched GEMM of the
 transformed tiles by the 6 x NR micro-kernel ``gemm_6xnr``, output transform; made by
 :func:`convengine.algorithms.winograd.kernels.kernel`, whose docstring says what
 ``fused`` computes. The transforms' vector parts are intrinsics built from the
@@ -18,12 +19,19 @@ from convengine.algorithms.fma import MR, gemm_6xnr, lanes, make_sandwich, nr
 from convengine.algorithms.winograd.kernels import CHAIN, _matrices, transform_tails
 from convengine.checked import CHECKED, fail, violations, within
 
-NDIM, M, DTYPE = parameters(__name__, "NDIM", "M", "DTYPE")
+NDIM, M, DTYPE, TAILS = parameters(__name__, "NDIM", "M", "DTYPE", "TAILS")
 BTH, BTW, _, _, ATH, ATW = _matrices(NDIM, M)
 vector_in = make_sandwich(BTH, BTW, check=False)
 vector_out = make_sandwich(ATH, ATW, check=True)
-tails = transform_tails(NDIM, M, DTYPE)
-tail_in, tail_out = tails.tail_in, tails.tail_out
+# the scalar tails, for channels past the last whole vector, only where asked: half
+# of a cold F(4x4) kernel's compile time (4.8 of 10.4 s, Emerald Rapids), for
+# channel counts most networks never have. Without them (TAILS 0: the calls below are
+# pruned, as CHECKS's are) fused refuses channels that are not whole vectors.
+if TAILS:
+    tails = transform_tails(NDIM, M, DTYPE)
+    tail_in, tail_out = tails.tail_in, tails.tail_out
+else:
+    tail_in = tail_out = None
 AH, AW, MH, MW = BTH.shape[0], BTW.shape[0], ATH.shape[0], ATW.shape[0]
 ALPHA2 = AH * AW
 WIDTH, VEC = nr(np.dtype(DTYPE).itemsize), lanes(np.dtype(DTYPE).itemsize)
@@ -137,7 +145,7 @@ def transform_in(src, n, h0, w0, tmp, v, t, chk):
     lo = c_ // VEC * VEC
     s_off, s_rs, s_cs, d_off, d_rs, d_cs, groups = in_args(src, n, h0, w0, v, t)
     vector_in(src, s_off, s_rs, s_cs, v, d_off, d_rs, d_cs, groups, chk)
-    if lo < c_:
+    if TAILS and lo < c_:
         tail_in(src, n, h0, w0, tmp, v, t, lo)
 
 
@@ -147,7 +155,7 @@ def transform_out(prod, t, tmp, y, n, h0, w0, k0, nc, chk):
     lo = nc // VEC * VEC
     s_off, s_rs, s_cs, d_off, d_rs, d_cs, groups = out_args(prod, t, y, n, h0, w0, k0, nc)
     vector_out(prod, s_off, s_rs, s_cs, y, d_off, d_rs, d_cs, groups, chk)
-    if lo < nc:
+    if TAILS and lo < nc:
         tail_out(prod, t, tmp, y, n, h0, w0, k0, lo, nc, chk)
 
 
@@ -156,6 +164,9 @@ def fused(x, up, y, pad_h, pad_w, tiles_h, tiles_w, block, parts_k,  # noqa: PLR
           v_all, prod_all, check, ahead):
     n_, h_, w_, c_ = x.shape
     _, oh_, ow_, o_ = y.shape
+    if not TAILS and (c_ % VEC != 0 or o_ % VEC != 0):
+        raise ValueError("this Winograd kernel has no scalar tails: its channel counts "
+                         "must be whole vectors")
     total, nkb, parts = n_ * tiles_h * tiles_w, up.shape[0], v_all.shape[0]
     parts_t = parts // parts_k
     # the patch's and res's origin: an int64 variable, as n, h0 and w0 are (literal 0s

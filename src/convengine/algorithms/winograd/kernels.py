@@ -45,7 +45,7 @@ from .._transforms import (
     flipped_view,
 )
 from ..direct import NOALIAS
-from ..fma import MR, WEIGHT_AHEAD, nr
+from ..fma import MR, WEIGHT_AHEAD, lanes, nr
 from ..weight_cache import WeightCache
 
 # (B^T, G, A^T) per output tile size m for r = 3
@@ -148,11 +148,13 @@ def _sandwich_source(name: str, args: str, left: np.ndarray, right: np.ndarray,
     return "\n".join(lines) + "\n"
 
 
-_KERNELS: dict[tuple[int, int, str], Any] = {}
+_KERNELS: dict[tuple[int, int, str, bool], Any] = {}
 
 
-def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
-    """The compiled fused F(m, 3) kernel in ``ndim`` dims, generated once:
+def kernel(ndim: int, m: int, dtype: np.dtype, tails: bool = True) -> Any:
+    """The compiled fused F(m, 3) kernel in ``ndim`` dims, generated once (without
+    ``tails``: for channel counts C and O that are whole vectors only, a ValueError
+    otherwise, and about half the compile time; see :func:`needs_tails`):
 
     ``fused(x (N,H,W,C), up (K/NR, alpha^2, C, NR), y (N,OH,OW,O), pad_h, pad_w,
     tiles_h, tiles_w, block, parts_k, v (P, alpha^2, block, C), prod (P, alpha^2,
@@ -166,12 +168,19 @@ def kernel(ndim: int, m: int, dtype: np.dtype) -> Any:
     micro-kernel, then the output transform cropped into y. Interior tiles are read
     straight from x, tiles meeting the padding or far edges from a zero-padded copy.
     ``check[p]`` gains 0 times sums of outputs: NaN if one was not finite."""
-    key = (ndim, m, np.dtype(dtype).name)
+    key = (ndim, m, np.dtype(dtype).name, bool(tails))
     if key not in _KERNELS:
-        _KERNELS[key] = instantiate(__name__, "fused_template.py",
-                                    f"winograd_{ndim}d_f{m}_{key[2]}", NDIM=ndim, M=m,
-                                    DTYPE=key[2]).fused
+        tag = f"winograd_{ndim}d_f{m}_{key[2]}{'' if tails else '_whole'}"
+        _KERNELS[key] = instantiate(__name__, "fused_template.py", tag, NDIM=ndim, M=m,
+                                    DTYPE=key[2], TAILS=int(tails)).fused
     return _KERNELS[key]
+
+
+def needs_tails(problem: ConvProblem) -> bool:
+    """Whether the problem's forward channel counts (in and out) leave a part vector:
+    the fused kernel then needs its scalar tails."""
+    vec = lanes(problem.compute_dtype.itemsize)
+    return problem.in_channels % vec != 0 or problem.out_channels % vec != 0
 
 
 @functools.cache
@@ -341,7 +350,7 @@ def winograd_fwd(problem: ConvProblem, x: np.ndarray, up: np.ndarray,
     """Forward conv of channels-last x (N, *S, C) by F(m, 3) with packed transformed
     weights up (:func:`packed_transform`), ``params`` as :func:`tunables` names them;
     None if an output is NaN or infinite (x held one, or the transforms overflowed)."""
-    fused = kernel(problem.ndim, m, x.dtype)
+    fused = kernel(problem.ndim, m, x.dtype, needs_tails(problem))
     x4 = x.reshape(x.shape[0], 1, *x.shape[1:]) if problem.ndim == 1 else x
     y = memory.empty(problem.y_shape("NHWC"), dtype=x.dtype)
     y4 = y.reshape(y.shape[0], 1, *y.shape[1:]) if problem.ndim == 1 else y
