@@ -29,15 +29,18 @@ class Activation(IntEnum):
         ValueError names the ``allowed`` ones (default: all) if it is not one of them."""
         allowed = tuple(cls) if allowed is None else allowed
         key = "none" if name is None else name
-        for code in allowed:
-            if code.label == key:
-                return code
+        code = _BY_LABEL.get(key) if isinstance(key, str) else None
+        if code is not None and code in allowed:  # one lookup: kernels ask on every call
+            return code
         raise ValueError(f"activation must be one of {names(allowed)}, got {name!r}")
 
     @property
     def label(self) -> str:
         """The name the API takes ("none", "relu", ...)."""
         return self.name.lower()
+
+
+_BY_LABEL = {code.label: code for code in Activation}
 
 
 def names(codes: tuple[Activation, ...]) -> tuple[str, ...]:

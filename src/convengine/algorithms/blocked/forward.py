@@ -668,17 +668,10 @@ def _binding(problem: ConvProblem, nr: int, walk: WeightWalk, weight_bytes: int,
         y4 = alloc()
         xp = pad(x, ndim, padding) if padded else np.ascontiguousarray(x).reshape(x4_shape)
         driver(xp, wf, y4, bias, y4 if residual is None else residual,
-               residual is not None, _store_code(activation), *strides,
+               residual is not None, int(Activation.of(activation, CPU_STORE)), *strides,
                *split)
         return y4.reshape(shape)
     return run
-
-
-@cache
-def _store_code(activation: str) -> int:
-    """The gathered micro-kernel's ``act`` for an ``EPILOGUE_ACTIVATIONS`` name (looked
-    up once: a batch-1 conv's call is tens of microseconds)."""
-    return int(Activation.of(activation, CPU_STORE))
 
 
 def _packed_runner(problem: ConvProblem, kind: tuple[Any, ...],
