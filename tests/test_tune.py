@@ -552,6 +552,35 @@ def test_one_slow_run_does_not_eliminate_the_heuristics_pick():
     assert results["kept"]["eliminated"] and results["kept"]["runs"] == 1
 
 
+def test_a_candidate_that_cannot_win_stops_after_the_minimum_rounds():
+    """A candidate 1.3x slower than the heuristic's pick (within ``ELIMINATE``) is timed
+    for ``MIN_ROUNDS`` rounds, not until the budget runs out; one faster than the pick
+    goes on being timed beside it."""
+    import time
+
+    from convengine.registry import Algorithm
+
+    p = problem()
+    out = np.zeros(p.y_shape("NHWC"), np.float32)
+
+    def sleeper(seconds):
+        def run(problem_, a, b):
+            time.sleep(seconds)
+            return out
+        return run
+
+    def timed(**seconds):
+        candidates = [Algorithm(name, "forward", sleeper(s), lambda p: None)
+                      for name, s in seconds.items()]
+        return bench.benchmark(p, candidates, keep="kept")
+
+    results = timed(kept=0.004, slower=0.0052)
+    assert results["slower"]["runs"] == bench.MIN_ROUNDS and results["slower"]["eliminated"]
+    results = timed(kept=0.004, faster=0.003)
+    assert results["faster"]["runs"] == results["kept"]["runs"] > bench.MIN_ROUNDS
+    assert not results["faster"]["eliminated"]
+
+
 def test_noisy_measurement_is_not_stored(tuning, monkeypatch):
     """A win measured on a noisy host leaves the heuristic's pick in place, stores
     nothing, and is not measured again in this process."""
