@@ -286,6 +286,42 @@ def test_winograd_calls_outside_up_are_skipped_and_reported() -> None:
     assert f"outside its {size} elements" in message
 
 
+# blocked's narrow backward-data (the stems): a legitimate call, then one whose packed
+# weights lack their last block's last row of columns (the call reads o rows a block)
+NARROW = """
+    import numpy as np
+    from convengine.algorithms.blocked import narrow
+    rng = np.random.default_rng(0)
+    dy = rng.standard_normal((1, 4, 4, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    packed, runs, starts = narrow.pack(w, 1)
+    geometry = np.array([2, 2, 1, 1, 1, 1])
+    band = narrow.band_rows(3, 2, 1)
+    dx = np.zeros((1, 8, 8, 3), np.float32)
+    narrow.scatter(dy, packed, runs, starts, dx, geometry, band)
+    print("legit |", bool(np.isfinite(dx).all() and (dx != 0).any()))
+    short = packed.reshape(-1)[:-narrow.NR]
+    try:
+        narrow.scatter(dy, short, runs, starts, np.zeros_like(dx), geometry, band)
+    except IndexError as exc:
+        print(type(exc).__name__, "|", exc, "|", short.size)
+    else:
+        print("no error")
+"""
+
+
+@pytest.mark.slow
+def test_narrow_backward_data_call_outside_its_weights_is_reported() -> None:
+    res = _run(NARROW, "1")
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.strip().splitlines()
+    assert lines[0] == "legit | True", res.stdout
+    kind, message, size = lines[1].split(" | ")
+    assert kind == "BoundsError"
+    assert "blocked narrow backward-data kernel would access packed weights[" in message
+    assert f"outside its {size} elements" in message
+
+
 # Off, the three kernels hold no check: compiled here from their source (numba's cached
 # code has no IR to inspect), the IR of each, with the callees it links in (the register
 # blocks' masked loads and stores, gemm_6xnr's multiply-adds), names no BoundsError.

@@ -13,7 +13,8 @@ module (:mod:`convengine._kernel_cache`), so on disk after the first run. Varian
 - forward, contiguous (strided backward-data's kernel): every ``nvec``,
   ``ACCUMULATORS // nvec`` pixels, whole and short tiles;
 - backward-weight: every ``weight.NVECS``, whole and short tiles, storing and adding;
-- ``narrow``'s rows (strided stems' backward-data): strides, padding, dilation, 1-D;
+- ``narrow``'s scatter (strided stems' backward-data): strides, padding, dilation,
+  1-D, dy rows that are not whole tiles, weights in more than one block;
 - ``pack_weight``, ``packed_walk``, ``flipped_walk``: exactly the index formulas.
 
 Tolerance: a stored value is the float32 sum of n products (one rounding per fused
@@ -340,14 +341,16 @@ def test_walks_address_the_weights_of_each_block(nr: int) -> None:
 
 
 @pytest.mark.parametrize(("dx_shape", "o", "kernel", "stride", "pad", "dilation"), [
-    ((2, 15, 14, 3), 32, (7, 7), (2, 2), (3, 3), (1, 1)),   # a stem
+    ((2, 15, 14, 3), 32, (7, 7), (2, 2), (3, 3), (1, 1)),   # a stem: several blocks
     ((1, 13, 11, 1), 16, (5, 4), (2, 3), (2, 0), (1, 1)),   # unequal strides, one side
-    ((1, 12, 12, 4), 24, (3, 3), (2, 2), (2, 2), (2, 2)),   # dilated
+    ((1, 12, 12, 4), 24, (3, 3), (2, 2), (2, 2), (2, 2)),   # dilated: a tap a run
     ((1, 1, 21, 7), 8, (1, 9), (1, 2), (0, 4), (1, 1)),     # a 1-D problem as 2-D
+    ((3, 9, 23, 5), 40, (5, 5), (3, 2), (1, 2), (1, 1)),    # 5 channels, rows over blocks
 ])
-def test_narrow_rows(dx_shape, o, kernel, stride, pad, dilation) -> None:
-    """``narrow._rows``: dx[n, i, j, c] = sum over the taps reaching (i, j) of dy's row
-    times the tap's weights, within the float32 bound of that many products."""
+def test_narrow_scatter(dx_shape, o, kernel, stride, pad, dilation) -> None:
+    """``narrow.scatter``: dx[n, i, j, c] = sum over the taps reaching (i, j) of dy's row
+    times the tap's weights, within the float32 bound of that many products; every dx
+    value no tap reaches stays zero."""
     from convengine.algorithms.blocked import narrow
 
     n, h, w_, c = dx_shape
@@ -356,7 +359,7 @@ def test_narrow_rows(dx_shape, o, kernel, stride, pad, dilation) -> None:
     ow = (w_ + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     rng = np.random.default_rng(7)
     dy = rng.standard_normal((n, oh, ow, o)).astype(np.float32)
-    wt = rng.standard_normal((kh, kw, c, o)).astype(np.float32)
+    w = rng.standard_normal((o, kh, kw, c)).astype(np.float32)
     want, magnitude = np.zeros(dx_shape), np.zeros(dx_shape)
     for a in range(kh):
         for b in range(kw):
@@ -364,12 +367,36 @@ def test_narrow_rows(dx_shape, o, kernel, stride, pad, dilation) -> None:
                 for q in range(ow):
                     i, j = p * sh - ph + a * dh, q * sw - pw + b * dw
                     if 0 <= i < h and 0 <= j < w_:
-                        prod = dy[:, p, q, None, :].astype(np.float64) * wt[a, b]
-                        want[:, i, j] += prod.sum(-1)
-                        magnitude[:, i, j] += np.abs(prod).sum(-1)
-    got = np.full(dx_shape, np.nan, np.float32)
-    narrow._rows(dy, wt, got, *narrow.reaching(h, oh, kh, sh, ph, dh),
-                 *narrow.reaching(w_, ow, kw, sw, pw, dw))
+                        prod = dy[:, p, q, :, None].astype(np.float64) * w[:, a, b]
+                        want[:, i, j] += prod.sum(-2)
+                        magnitude[:, i, j] += np.abs(prod).sum(-2)
+    packed, runs, starts = narrow.pack(w, dw)
+    got = np.zeros(dx_shape, np.float32)
+    narrow.scatter(dy, packed, runs, starts, got, np.array([sh, sw, ph, pw, dh, dw]),
+                   narrow.band_rows(kh, sh, dh))
     u = 2.0 ** -24
     terms = kh * kw * o
     assert np.all(np.abs(got - want) <= terms * u / (1 - terms * u) * magnitude + 1e-30)
+
+
+def test_narrow_pack_keeps_runs_whole_and_bands_apart() -> None:
+    """``narrow.pack``: each weight column once, at its block and column; a run never
+    crosses a block; ``band_rows``: bands two apart write disjoint dx rows."""
+    from convengine.algorithms.blocked import narrow
+
+    rng = np.random.default_rng(3)
+    for o, kh, kw, c, dw in [(8, 7, 7, 3, 1), (4, 3, 11, 7, 1), (4, 3, 3, 4, 2)]:
+        w = rng.standard_normal((o, kh, kw, c)).astype(np.float32)
+        packed, runs, starts = narrow.pack(w, dw)
+        seen = np.zeros((kh, kw), int)
+        for k in range(starts.size - 1):
+            for col, a, b, taps in runs[starts[k]:starts[k + 1]]:
+                assert col + taps * c <= narrow.NR and (taps == 1 or dw == 1)
+                np.testing.assert_array_equal(packed[k, :, col:col + taps * c],
+                                              w[:, a, b:b + taps].reshape(o, -1))
+                seen[a, b:b + taps] += 1
+        assert (seen == 1).all()
+    for kh, sh, dh in [(7, 2, 1), (3, 2, 1), (5, 3, 2), (1, 2, 1), (11, 2, 1)]:
+        band = narrow.band_rows(kh, sh, dh)
+        last_of_band_k = (band - 1) * sh + (kh - 1) * dh  # ph = 0, band k = 0
+        assert last_of_band_k < 2 * band * sh  # the first dx row of band k + 2

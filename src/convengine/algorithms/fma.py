@@ -132,6 +132,42 @@ def vector_ops(context, builder: ir.IRBuilder, dtype) -> VectorOps:
     return VectorOps(vec, mask_t, ir.Constant(ir.IntType(32), size), load, store, fma)
 
 
+@intrinsic
+def add_run(typingctx, dst, d0, src, s0, count):
+    """``dst[d0 + e] += src[s0 + e]`` for ``e < count`` (none for ``count <= 0``), a
+    vector at a time, the last one masked: a run of a few dozen values that LLVM's
+    own vectoriser leaves to scalar code (its trip count unknown, the arrays maybe
+    overlapping). Same dtype, float32 or float64."""
+    intp_t = types.intp
+    sig = types.void(dst, intp_t, src, intp_t, intp_t)
+
+    def codegen(context, builder, signature, args):
+        ops = vector_ops(context, builder, signature.args[0].dtype)
+        lanes = ops.vec.count
+        dst_arr = context.make_array(signature.args[0])(context, builder, args[0])
+        src_arr = context.make_array(signature.args[2])(context, builder, args[2])
+        _, d0_v, _, s0_v, count_v = args
+        intp = count_v.type
+        at_dst = builder.gep(dst_arr.data, [d0_v])
+        at_src = builder.gep(src_arr.data, [s0_v])
+        steps = builder.sdiv(builder.add(count_v, ir.Constant(intp, lanes - 1)),
+                             ir.Constant(intp, lanes))
+        ids = ir.Constant(ir.VectorType(intp, lanes), list(range(lanes)))
+        zero = ir.Constant(ops.vec, None)
+        with cgutils.for_range(builder, steps) as loop:
+            first = builder.mul(loop.index, ir.Constant(intp, lanes))
+            left = splat(builder, builder.sub(count_v, first), ir.VectorType(intp, lanes))
+            mask = builder.icmp_signed("<", ids, left)
+            d_ptr = builder.bitcast(builder.gep(at_dst, [first]), ops.vec.as_pointer())
+            s_ptr = builder.bitcast(builder.gep(at_src, [first]), ops.vec.as_pointer())
+            total = builder.fadd(builder.call(ops.load, [d_ptr, ops.align, mask, zero]),
+                                 builder.call(ops.load, [s_ptr, ops.align, mask, zero]))
+            builder.call(ops.store, [total, d_ptr, ops.align, mask])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def prefetch(builder: ir.IRBuilder, ptr: ir.Value, write: bool) -> None:
     """Emit a prefetch of the cache line at ``ptr`` into all cache levels (for a
     write: ``prefetchw``, the line fetched for ownership)."""

@@ -13,7 +13,8 @@ a multiple of VEC padded with zero weights, the padded lanes not stored); backwa
 at stride 1 as the forward conv of dy with the flipped kernel (the stride-1 transpose
 rule), at larger strides (dilation 1, input channels a multiple of VEC) as one such
 conv per phase of the stride (:mod:`.strided`), with fewer than 8 input channels (the
-stems) as dot products along dy's channels (:mod:`.narrow`). The micro-kernel
+stems) as a GEMM of dy's rows by the weights whose tiles are added into dx
+(:mod:`.narrow`). The micro-kernel
 spells out its vectors in the host's width (``VEC`` float32 lanes: 16 with AVX-512,
 ``llvm.fma.v16f32``, where LLVM's own choice would be 256-bit vectors; 8 with AVX2).
 """
