@@ -19,6 +19,9 @@ that LLVM keeps in registers, updated by ``llvm.fma`` on ``<16 x float>`` (or
 in order, one rounding per fused multiply-add. Each step prefetches b's row ``ahead``
 steps on (:data:`WEIGHT_AHEAD`; 0: none).
 
+``add_run(dst, d0, src, s0, count)`` adds a run of values a vector at a time (the last
+masked): blocked's narrow backward-data adds its tiles into dx so.
+
 And ``make_sandwich(left, right, check)``: the Winograd tile transforms
 ``left @ S @ right^T`` over a vector of channels at a time, generated from the
 constant matrices with their shared sub-sums factored out (see ``_matvec``).
