@@ -247,7 +247,10 @@ def main(argv: list[str] | None = None) -> int:
                           f"{row['algo']:<14} ours {row['ours_gflops']:6.1f} GF/s  torch "
                           f"{row['torch_gflops']:6.1f}  ratio {row['ratio']:5.2f}{extra}",
                           flush=True)
-        del ops
+                del ops  # before the next layer's operands are made
+    if not rows:
+        sys.exit(f"no layer of {a.suite} matches --only {a.only!r}"
+                 f"{' and --depthwise-only' if a.depthwise_only else ''}")
     summary: dict[str, float] = {}
     for batch in sorted({r["batch"] for r in rows}):
         for pass_ in PASSES:
