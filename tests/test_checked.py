@@ -274,16 +274,23 @@ WINOGRAD = """
 """
 
 
-@pytest.mark.slow
-def test_winograd_calls_outside_up_are_skipped_and_reported() -> None:
-    res = _run(GUARDED + WINOGRAD, "1")
+def _assert_legit_then_reported(code: str, access: str) -> None:
+    """``code`` prints "legit | True" for its legitimate call, then "kind | message |
+    size" for the call cut short: a BoundsError whose message names ``access`` (kernel
+    and buffer) and the buffer's size."""
+    res = _run(code, "1")
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.strip().splitlines()
     assert lines[0] == "legit | True", res.stdout
     kind, message, size = lines[1].split(" | ")
     assert kind == "BoundsError"
-    assert "winograd fused kernel would access up[" in message
+    assert f"{access}[" in message
     assert f"outside its {size} elements" in message
+
+
+@pytest.mark.slow
+def test_winograd_calls_outside_up_are_skipped_and_reported() -> None:
+    _assert_legit_then_reported(GUARDED + WINOGRAD, "winograd fused kernel would access up")
 
 
 # blocked's narrow backward-data (the stems): a legitimate call, then one whose packed
@@ -312,14 +319,8 @@ NARROW = """
 
 @pytest.mark.slow
 def test_narrow_backward_data_call_outside_its_weights_is_reported() -> None:
-    res = _run(NARROW, "1")
-    assert res.returncode == 0, res.stderr[-3000:]
-    lines = res.stdout.strip().splitlines()
-    assert lines[0] == "legit | True", res.stdout
-    kind, message, size = lines[1].split(" | ")
-    assert kind == "BoundsError"
-    assert "blocked narrow backward-data kernel would access packed weights[" in message
-    assert f"outside its {size} elements" in message
+    _assert_legit_then_reported(
+        NARROW, "blocked narrow backward-data kernel would access packed weights")
 
 
 # Off, the three kernels hold no check: compiled here from their source (numba's cached
