@@ -70,6 +70,10 @@ def within(bad, site, size, first, stop):  # noqa: ANN001, ANN201
     return False
 
 
+#: the ``bad`` record of a kernel compiled without checks: passed along, never read
+NO_CHECKS = np.zeros(4, np.int64)
+
+
 @njit(nogil=True)
 def violations():  # noqa: ANN201
     """The record :func:`within` fills: int64[4], site 0 while nothing was found."""

@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..._kernel_cache import kernel
-from ...checked import CHECKED, fail, violations, within
+from ...checked import CHECKED, NO_CHECKS, fail, violations, within
 from ...problem import ConvProblem
 from ...threads import get_num_threads
 from ..fma import MR, add_run, gemm_6xnr, nr
@@ -39,7 +39,6 @@ from ..fma import MR, add_run, gemm_6xnr, nr
 MAX_CHANNELS = 8  # input channels (dx's) this path serves: the stems' 1, 3 or 4
 NR = nr(4)  # float32 columns of the micro-kernel's tile (64 with AVX-512, 16 with AVX2)
 BUFFERS = ("dy", "packed weights", "tile", "dx")  # checked mode: the raw-pointer buffers
-NO_CHECKS = np.zeros(4, np.int64)
 
 
 def reason(problem: ConvProblem) -> str | None:

@@ -40,7 +40,7 @@ from numba import njit, prange
 
 from ... import host_params
 from ..._kernel_cache import kernel
-from ...checked import CHECKED, fail, violations, within
+from ...checked import CHECKED, NO_CHECKS, fail, violations, within
 from .._copy import copy_bytes
 from .._ir import fma32
 from .amx import amx_32x32, amx_begin, amx_end
@@ -89,7 +89,6 @@ KC4_BLOCK = host_params.vnni_k_block()
 # ``if CHECKED`` (a constant False: compiled out) and ``bad`` is NO_CHECKS, never read.
 DENSE_BUFFERS = ("a", "wp", "tile", "out", "row sums", "col_term", "wzp", "bias", "mult",
                  "tapoff", "gather dest", "x")
-NO_CHECKS = np.zeros(4, np.int64)
 
 
 @njit(inline="always")
